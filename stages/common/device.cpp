@@ -1,0 +1,184 @@
+#include "device.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "cuda_check.h"
+#include "error.h"
+
+namespace flashstep {
+
+namespace {
+// Byte pattern that makes every fp32 element NaN (0xFFFFFFFF): an output
+// element a stage forgets to write stays NaN and fails the comparison.
+constexpr int kPoisonByte = 0xFF;
+// The L2 flush overwrites this many times the L2 size between timed runs.
+constexpr std::int64_t kL2FlushFactor = 2;
+// Headroom left free on the device beyond what a run allocates (the CUDA
+// context and allocator granularity need some).
+constexpr std::int64_t kDeviceHeadroomBytes = 256ll << 20;
+
+std::string gib(std::int64_t bytes) {
+  std::ostringstream s;
+  s.precision(3);
+  s << static_cast<double>(bytes) / static_cast<double>(1ll << 30) << " GiB";
+  return s.str();
+}
+
+template <typename T>
+T* device_alloc(std::int64_t bytes, const char* what) {
+  void* ptr = nullptr;
+  // cudaMalloc of 0 bytes returns null; allocate one element so pointers are valid.
+  cuda_check(cudaMalloc(&ptr, static_cast<size_t>(std::max<std::int64_t>(bytes, 4))), what);
+  return static_cast<T*>(ptr);
+}
+
+double percentile(std::vector<float> sorted_ms, double q) {
+  const double pos = q * static_cast<double>(sorted_ms.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted_ms.size() - 1);
+  const double t = pos - static_cast<double>(lo);
+  return sorted_ms[lo] * (1.0 - t) + sorted_ms[hi] * t;
+}
+}  // namespace
+
+bool cuda_device_available(std::string* why) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    if (why) {
+      *why = status != cudaSuccess ? std::string(cudaGetErrorString(status))
+                                   : std::string("no CUDA device found");
+    }
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  return true;
+}
+
+DeviceInfo device_info() {
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  DeviceInfo info;
+  info.name = prop.name;
+  info.sm_count = prop.multiProcessorCount;
+  info.l2_bytes = prop.l2CacheSize;
+  info.total_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
+  cuda_check(cudaDeviceGetAttribute(&info.sm_clock_khz, cudaDevAttrClockRate, 0), "clock rate");
+  cuda_check(cudaDeviceGetAttribute(&info.mem_clock_khz, cudaDevAttrMemoryClockRate, 0),
+             "memory clock rate");
+  cuda_check(cudaDriverGetVersion(&info.driver_version), "cudaDriverGetVersion");
+  cuda_check(cudaRuntimeGetVersion(&info.runtime_version), "cudaRuntimeGetVersion");
+  return info;
+}
+
+std::int64_t device_bytes_needed(const Stage& stage, const Problem& p) {
+  return (2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems()) * kElemBytes +
+         stage.workspace_bytes(p);
+}
+
+DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const float* K,
+                     const float* V)
+    : stage_(stage), p_(p) {
+  validate(p_);
+  const std::int64_t need = device_bytes_needed(stage, p);
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  if (need + kDeviceHeadroomBytes > static_cast<std::int64_t>(free_bytes)) {
+    throw Error("stage " + std::string(stage.name) + " needs " + gib(need) +
+                " of device memory for " + p.describe() + ", but only " +
+                gib(static_cast<std::int64_t>(free_bytes)) + " is free");
+  }
+  try {
+    Q_ = device_alloc<float>(p.q_elems() * kElemBytes, "cudaMalloc Q");
+    K_ = device_alloc<float>(p.kv_elems() * kElemBytes, "cudaMalloc K");
+    V_ = device_alloc<float>(p.kv_elems() * kElemBytes, "cudaMalloc V");
+    O_ = device_alloc<float>(p.q_elems() * kElemBytes, "cudaMalloc O");
+    L_ = device_alloc<float>(p.lse_elems() * kElemBytes, "cudaMalloc L");
+    const std::int64_t ws = stage.workspace_bytes(p);
+    if (ws > 0) workspace_ = device_alloc<void>(ws, "cudaMalloc workspace");
+    cuda_check(cudaMemcpy(Q_, Q, p.q_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy Q");
+    cuda_check(cudaMemcpy(K_, K, p.kv_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy K");
+    cuda_check(cudaMemcpy(V_, V, p.kv_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy V");
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+DeviceRun::~DeviceRun() { release(); }
+
+void DeviceRun::release() noexcept {
+  for (void* ptr : {static_cast<void*>(Q_), static_cast<void*>(K_), static_cast<void*>(V_),
+                    static_cast<void*>(O_), static_cast<void*>(L_), workspace_}) {
+    if (ptr) cudaFree(ptr);
+  }
+  Q_ = K_ = V_ = O_ = L_ = nullptr;
+  workspace_ = nullptr;
+}
+
+void DeviceRun::launch() {
+  ForwardTensors t;
+  t.Q = Q_;
+  t.K = K_;
+  t.V = V_;
+  t.O = O_;
+  t.L = stage_.writes_lse ? L_ : nullptr;
+  t.workspace = workspace_;
+  stage_.forward(p_, t, nullptr);
+}
+
+void DeviceRun::run(std::vector<float>& O, std::vector<float>& L) {
+  cuda_check(cudaMemset(O_, kPoisonByte, p_.q_elems() * kElemBytes), "poison O");
+  cuda_check(cudaMemset(L_, kPoisonByte, p_.lse_elems() * kElemBytes), "poison L");
+  launch();
+  cuda_check(cudaDeviceSynchronize(), std::string("stage " + std::string(stage_.name)).c_str());
+  O.resize(static_cast<size_t>(p_.q_elems()));
+  L.resize(static_cast<size_t>(p_.lse_elems()));
+  cuda_check(cudaMemcpy(O.data(), O_, p_.q_elems() * kElemBytes, cudaMemcpyDeviceToHost),
+             "copy O");
+  cuda_check(cudaMemcpy(L.data(), L_, p_.lse_elems() * kElemBytes, cudaMemcpyDeviceToHost),
+             "copy L");
+}
+
+Timing DeviceRun::time(int warmup, int iterations) {
+  if (iterations < 1) throw Error("iterations must be >= 1");
+  const std::int64_t flush_bytes = kL2FlushFactor * device_info().l2_bytes;
+  void* flush = device_alloc<void>(flush_bytes, "cudaMalloc L2 flush buffer");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  std::vector<float> ms(static_cast<size_t>(iterations));
+  try {
+    cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+    for (int k = 0; k < warmup; ++k) launch();
+    for (int k = 0; k < iterations; ++k) {
+      cuda_check(cudaMemsetAsync(flush, k & 0xFF, flush_bytes), "L2 flush");
+      cuda_check(cudaEventRecord(start), "cudaEventRecord");
+      launch();
+      cuda_check(cudaEventRecord(stop), "cudaEventRecord");
+      cuda_check(cudaEventSynchronize(stop), std::string("stage " + std::string(stage_.name)).c_str());
+      cuda_check(cudaEventElapsedTime(&ms[static_cast<size_t>(k)], start, stop),
+                 "cudaEventElapsedTime");
+    }
+  } catch (...) {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    cudaFree(flush);
+    throw;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(flush);
+  std::sort(ms.begin(), ms.end());
+  Timing t;
+  t.median_ms = percentile(ms, 0.5);
+  t.p20_ms = percentile(ms, 0.2);
+  t.p80_ms = percentile(ms, 0.8);
+  t.iterations = iterations;
+  return t;
+}
+
+}  // namespace flashstep

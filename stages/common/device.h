@@ -1,0 +1,76 @@
+/// \file device.h
+/// \brief Running and timing a stage on the GPU from host code (CUDA-free header).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "problem.h"
+#include "stage.h"
+
+namespace flashstep {
+
+/// The GPU the runs use, as recorded beside every result.
+struct DeviceInfo {
+  std::string name;              ///< e.g. "NVIDIA H200"
+  int sm_count = 0;              ///< streaming multiprocessors
+  std::int64_t l2_bytes = 0;     ///< L2 cache size
+  std::int64_t total_bytes = 0;  ///< device memory
+  int sm_clock_khz = 0;          ///< peak SM clock the driver reports
+  int mem_clock_khz = 0;         ///< peak memory clock
+  int driver_version = 0;        ///< e.g. 13000 for CUDA 13.0
+  int runtime_version = 0;       ///< the CUDA runtime flashstep was built with
+};
+
+/// True when a CUDA device can be used; otherwise `why` says why not
+/// (no device, no driver), in one line.
+bool cuda_device_available(std::string* why = nullptr);
+
+/// Properties of device 0. Requires cuda_device_available().
+DeviceInfo device_info();
+
+/// Device bytes a run of `stage` on `p` allocates: Q, K, V, O, L, workspace.
+std::int64_t device_bytes_needed(const Stage& stage, const Problem& p);
+
+/// Median and spread of repeated timings, in milliseconds.
+struct Timing {
+  double median_ms = 0.0;  ///< median over iterations
+  double p20_ms = 0.0;     ///< 20th percentile
+  double p80_ms = 0.0;     ///< 80th percentile
+  int iterations = 0;      ///< timed iterations
+};
+
+/// Device buffers for one stage on one problem: allocated once (after checking
+/// that they fit in free device memory, with a clear Error if not), reused by
+/// every run and timing.
+class DeviceRun {
+ public:
+  DeviceRun(const Stage& stage, const Problem& p, const float* Q, const float* K,
+            const float* V);
+  ~DeviceRun();
+  DeviceRun(const DeviceRun&) = delete;
+  DeviceRun& operator=(const DeviceRun&) = delete;
+
+  /// Poisons O and L with NaN (every element must be written), runs the
+  /// stage once, and copies O [B,H,Nq,d] and L [B,H,Nq] back to the host.
+  void run(std::vector<float>& O, std::vector<float>& L);
+
+  /// `warmup` untimed runs, then `iterations` runs each timed with CUDA
+  /// events, with L2 flushed (a buffer twice its size overwritten) before each.
+  Timing time(int warmup, int iterations);
+
+ private:
+  const Stage& stage_;
+  Problem p_;
+  float* Q_ = nullptr;          // [B, H, Nq, d]
+  float* K_ = nullptr;          // [B, H, Nk, d]
+  float* V_ = nullptr;          // [B, H, Nk, d]
+  float* O_ = nullptr;          // [B, H, Nq, d]
+  float* L_ = nullptr;          // [B, H, Nq]
+  void* workspace_ = nullptr;   // stage.workspace_bytes(p)
+  void release() noexcept;
+  void launch();
+};
+
+}  // namespace flashstep

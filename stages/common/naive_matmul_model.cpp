@@ -1,0 +1,42 @@
+// Closed-form models of kernels 1 and 3 (naive_matmul.cu), host-only.
+#include "naive_matmul.h"
+
+namespace flashstep {
+
+namespace {
+std::int64_t tiles(std::int64_t n) { return (n + kNaiveTile - 1) / kNaiveTile; }
+}  // namespace
+
+Cost scores_cost(const Problem& p) {
+  const std::int64_t BH = p.heads();
+  // Block (ti, tj) loads its 32 rows of Q and 32 rows of K, all d columns:
+  // Q is read once per key tile, K once per query tile.
+  const std::int64_t loaded = BH * (p.Nq * p.d * tiles(p.Nk) + p.Nk * p.d * tiles(p.Nq));
+  const std::int64_t scores = p.score_elems();
+  Cost c;
+  c.hbm_read_bytes = loaded * kElemBytes;
+  c.hbm_write_bytes = scores * kElemBytes;
+  c.sram_write_bytes = loaded * kElemBytes;         // each loaded element is staged once
+  c.sram_read_bytes = 2 * scores * p.d * kElemBytes;  // one Q and one K element per FMA
+  c.matmul_flops = 2 * scores * p.d;
+  c.nonmatmul_flops = scores;  // the scale multiply
+  c.thread_blocks = BH * tiles(p.Nq) * tiles(p.Nk);
+  return c;
+}
+
+Cost pv_cost(const Problem& p) {
+  const std::int64_t BH = p.heads();
+  // Block (ti, tc) loads its 32 rows of P (all Nk) and the 32 columns of V
+  // it produces: P is read once per 32-column tile of d, V once per query tile.
+  const std::int64_t loaded = BH * (p.Nq * p.Nk * tiles(p.d) + p.Nk * p.d * tiles(p.Nq));
+  Cost c;
+  c.hbm_read_bytes = loaded * kElemBytes;
+  c.hbm_write_bytes = p.q_elems() * kElemBytes;
+  c.sram_write_bytes = loaded * kElemBytes;
+  c.sram_read_bytes = 2 * p.score_elems() * p.d * kElemBytes;
+  c.matmul_flops = 2 * p.score_elems() * p.d;
+  c.thread_blocks = BH * tiles(p.Nq) * tiles(p.d);
+  return c;
+}
+
+}  // namespace flashstep

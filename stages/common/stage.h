@@ -1,0 +1,72 @@
+/// \file stage.h
+/// \brief The contract every stage implements, and the registry that lists them.
+///
+/// CUDA-free: a stream is passed as the opaque `cudaStream_t` handle type,
+/// declared here the way the CUDA runtime declares it.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "cost.h"
+#include "problem.h"
+
+struct CUstream_st;
+
+namespace flashstep {
+
+/// A CUDA stream (the runtime's cudaStream_t), without including CUDA headers.
+using Stream = CUstream_st*;
+
+/// Device pointers of one forward run. All fp32, row-major, contiguous.
+struct ForwardTensors {
+  const float* Q = nullptr;  ///< [B, H, Nq, d]
+  const float* K = nullptr;  ///< [B, H, Nk, d]
+  const float* V = nullptr;  ///< [B, H, Nk, d]
+  float* O = nullptr;        ///< [B, H, Nq, d]
+  float* L = nullptr;        ///< [B, H, Nq]; may be null for a stage that does not write it
+  void* workspace = nullptr; ///< Stage::workspace_bytes(problem) bytes, 256-byte aligned
+};
+
+/// Host pointers for a CPU mirror: the same layout as ForwardTensors.
+struct HostTensors {
+  const float* Q = nullptr;  ///< [B, H, Nq, d]
+  const float* K = nullptr;  ///< [B, H, Nk, d]
+  const float* V = nullptr;  ///< [B, H, Nk, d]
+  float* O = nullptr;        ///< [B, H, Nq, d]
+  float* L = nullptr;        ///< [B, H, Nq]
+};
+
+/// Launches the stage's kernel(s) on `stream`. Throws flashstep::Error on an
+/// invalid problem or a CUDA error; never returns silently without output.
+using ForwardFn = void (*)(const Problem&, const ForwardTensors&, Stream);
+/// Device scratch memory (bytes) the stage needs beyond Q, K, V, O, L.
+using WorkspaceFn = std::int64_t (*)(const Problem&);
+/// The stage's closed-form traffic and FLOP model.
+using ModelFn = Cost (*)(const Problem&);
+/// Runs the stage's algorithm on the host, same loops and tiles as the kernel,
+/// writing O and L and returning what it counted.
+using MirrorFn = Cost (*)(const Problem&, const HostTensors&);
+
+/// One registered stage (or a variant of one, such as 06's split-K).
+struct Stage {
+  std::string_view name;         ///< unique key and folder slug, e.g. "02_safe_softmax"
+  std::string_view title;        ///< one line for tables, e.g. "safe softmax"
+  bool writes_lse = false;       ///< whether it writes L (logsumexp)
+  ForwardFn forward = nullptr;   ///< the GPU forward pass
+  WorkspaceFn workspace_bytes = nullptr;  ///< scratch it needs
+  ModelFn model = nullptr;       ///< traffic and FLOPs, closed form
+  MirrorFn mirror = nullptr;     ///< CPU mirror, or null when the stage has none
+  std::string_view known_failure;  ///< empty, or what it knowingly gets wrong
+};
+
+/// Every registered stage, in stage order. Built from the list in
+/// stages/CMakeLists.txt: adding a stage is adding its folder and one line there.
+const std::vector<Stage>& all_stages();
+
+/// Finds stages by a selector: an exact name ("06_warp_split_k"), a number
+/// prefix ("03" or "3"), or "all". Throws flashstep::Error when nothing matches.
+std::vector<const Stage*> select_stages(std::string_view selector);
+
+}  // namespace flashstep
