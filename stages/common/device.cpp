@@ -50,10 +50,12 @@ bool cuda_device_available(std::string* why) {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
     if (why) {
-      *why = status != cudaSuccess ? std::string(cudaGetErrorString(status))
-                                   : std::string("no CUDA device found");
+      *why = status == cudaErrorInsufficientDriver
+                 ? std::string("no CUDA driver, or one older than this build's runtime")
+             : status != cudaSuccess ? std::string(cudaGetErrorString(status))
+                                     : std::string("no CUDA device found");
     }
-    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    cudaGetLastError();  // clear the error so later calls start clean
     return false;
   }
   return true;

@@ -1,0 +1,55 @@
+/// \file cli.h
+/// \brief The `flashstep` command: run every stage on one problem, check each
+/// against the fp64 reference, time it, and print it beside its model.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/problem.h"
+
+namespace flashstep::cli {
+
+/// What `flashstep` prints.
+enum class Format { kTable, kCsv, kJson };
+
+/// What `flashstep` does.
+enum class Mode {
+  kRun,    ///< run, check and time the stages (model only when there is no GPU)
+  kModel,  ///< print the stages' modelled traffic and FLOPs; touches no GPU
+  kHelp,   ///< print usage
+};
+
+/// Parsed command line.
+struct Options {
+  Mode mode = Mode::kRun;
+  Problem problem;             ///< default B=1, H=8, N=1024, d=64, non-causal
+  std::string stages = "all";  ///< comma-separated selectors (see select_stages)
+  int warmup = 3;              ///< untimed runs before timing
+  int iterations = 20;         ///< timed runs (median, p20, p80)
+  Format format = Format::kTable;
+  std::string load_dir;        ///< read Q.npy, K.npy, V.npy from here
+  std::string save_dir;        ///< write inputs and each stage's O, L here
+  std::uint64_t seed = 0;      ///< seed of the random inputs
+  bool check = true;           ///< compare with the fp64 reference
+  std::set<std::string> given; ///< the flags given on the command line
+};
+
+/// Parses arguments (without the program name). Throws flashstep::Error with
+/// a one-line message on an unknown flag, a missing or malformed value, or a
+/// problem that breaks the contract.
+Options parse_args(const std::vector<std::string>& args);
+
+/// The usage text.
+std::string usage();
+
+/// Runs `flashstep` with `args`; writes results to `out` and errors (one line
+/// each, prefixed "flashstep: ") to `err`. Returns the process exit code:
+/// 0 on success, 1 when a stage failed its check or could not run,
+/// 2 on bad usage or input.
+int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace flashstep::cli

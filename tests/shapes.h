@@ -1,0 +1,47 @@
+/// \file shapes.h
+/// \brief The shared ragged problem grid every stage is checked on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/problem.h"
+
+namespace flashstep::test {
+
+/// (B, H, Nq, Nk, d): a covering set over the (Nq, Nk) pairs
+/// {(1,1), (1,239), (113,203), (128,217), (239,1), (1023,1024)} and head
+/// dimensions {1, 16, 40, 59, 64, 96, 128, 256}, always with B*H > 1. Sizes
+/// that are not multiples of any tile catch the ragged-edge bugs; Nq > Nk with
+/// causal gives rows that see no key.
+struct Shape {
+  std::int64_t B, H, Nq, Nk, d;
+};
+
+inline const std::vector<Shape> kRaggedShapes = {
+    {2, 1, 1, 1, 1},        {1, 2, 1, 239, 16},    {2, 2, 113, 203, 40},
+    {1, 3, 128, 217, 59},   {2, 1, 239, 1, 64},    {1, 2, 1023, 1024, 64},
+    {2, 1, 113, 203, 96},   {1, 2, 128, 217, 128}, {2, 1, 239, 1, 256},
+    {1, 2, 1023, 1024, 256}, {2, 1, 1, 239, 128},   {1, 2, 128, 217, 1},
+};
+
+/// The problems of the grid, each non-causal and causal.
+inline std::vector<Problem> ragged_problems() {
+  std::vector<Problem> out;
+  for (const Shape& s : kRaggedShapes) {
+    for (bool causal : {false, true}) {
+      Problem p;
+      p.B = s.B;
+      p.H = s.H;
+      p.Nq = s.Nq;
+      p.Nk = s.Nk;
+      p.d = s.d;
+      p.causal = causal;
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+}  // namespace flashstep::test

@@ -1,0 +1,146 @@
+// flashstep's argument handling, error lines and exit codes.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "cli.h"
+#include "common/device.h"
+#include "common/error.h"
+#include "common/npy.h"
+#include "common/stage.h"
+
+using flashstep::Error;
+using flashstep::cli::parse_args;
+
+namespace {
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result run_cli(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  const int code = flashstep::cli::run(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+}  // namespace
+
+TEST_CASE("cli: defaults are the embedded problem B=1 H=8 N=1024 d=64") {
+  const auto o = parse_args({});
+  CHECK(o.mode == flashstep::cli::Mode::kRun);
+  CHECK(o.problem.B == 1);
+  CHECK(o.problem.H == 8);
+  CHECK(o.problem.Nq == 1024);
+  CHECK(o.problem.Nk == 1024);
+  CHECK(o.problem.d == 64);
+  CHECK_FALSE(o.problem.causal);
+  CHECK(o.stages == "all");
+}
+
+TEST_CASE("cli: flags set the problem, in both --flag value and --flag=value forms") {
+  const auto o = parse_args({"model", "--B", "2", "--H=3", "--N", "100", "--Nk=50", "--d", "40",
+                             "--causal", "--scale", "0.5", "--stage", "01,2", "--format", "csv",
+                             "--iters", "7", "--warmup", "0", "--seed", "9"});
+  CHECK(o.mode == flashstep::cli::Mode::kModel);
+  CHECK(o.problem.B == 2);
+  CHECK(o.problem.H == 3);
+  CHECK(o.problem.Nq == 100);
+  CHECK(o.problem.Nk == 50);
+  CHECK(o.problem.d == 40);
+  CHECK(o.problem.causal);
+  CHECK(*o.problem.scale == 0.5);
+  CHECK(o.format == flashstep::cli::Format::kCsv);
+  CHECK(o.iterations == 7);
+  CHECK(o.warmup == 0);
+  CHECK(o.seed == 9);
+}
+
+TEST_CASE("cli: bad arguments throw one clear message") {
+  CHECK_THROWS_WITH_AS(parse_args({"--bogus"}), "unknown argument '--bogus'", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--N"}), "--N expects a value", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--N", "12x"}), "--N expects an integer, got '12x'", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--N", "0"}), "Nq must be >= 1, got 0", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--B", "-1"}), "B must be >= 1, got -1", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--d", "257"}), "d must be <= 256, got 257", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--format", "xml"}), doctest::Contains("table, csv or json"), Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--stage", "99"}), doctest::Contains("unknown stage '99'"), Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--iters", "0"}), doctest::Contains("--iters must be in"), Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--causal=yes"}), "--causal takes no value", Error);
+}
+
+TEST_CASE("cli: a usage error prints exactly one line and exits 2") {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--d", "300"}, {"--frobnicate"}, {"--N", "-5"}, {"--load", "/nonexistent/dir"}}) {
+    const auto r = run_cli(args);
+    CHECK(r.code == 2);
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.rfind("flashstep: ", 0) == 0);
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("cli: --help prints usage and exits 0") {
+  const auto r = run_cli({"--help"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("usage: flashstep") != std::string::npos);
+}
+
+TEST_CASE("cli: model mode lists every registered stage, as table, CSV and JSON") {
+  const auto& stages = flashstep::all_stages();
+  const auto table = run_cli({"model", "--N", "4096"});
+  CHECK(table.code == 0);
+  for (const auto& s : stages) CHECK(table.out.find(std::string(s.name)) != std::string::npos);
+
+  const auto csv = run_cli({"model", "--N", "4096", "--format", "csv"});
+  CHECK(csv.code == 0);
+  CHECK(count_lines(csv.out) == static_cast<int>(stages.size()) + 1);
+  CHECK(csv.out.rfind("stage,HBM read,HBM write,", 0) == 0);
+
+  const auto json = run_cli({"model", "--format", "json", "--stage", "02"});
+  CHECK(json.code == 0);
+  CHECK(json.out.find("\"stage\": \"02_safe_softmax\"") != std::string::npos);
+  CHECK(json.out.find("\"HBM read\": ") != std::string::npos);
+}
+
+TEST_CASE("cli: without a GPU, run prints the model and says so; with one, it runs and checks") {
+  std::string why;
+  if (!flashstep::cuda_device_available(&why)) {
+    const auto r = run_cli({"--N", "64"});
+    CHECK(r.code == 0);
+    CHECK(r.err.find("no usable CUDA device") != std::string::npos);
+    CHECK(r.out.find("HBM read") != std::string::npos);
+    CHECK(r.out.find("median ms") == std::string::npos);  // no invented timings
+  } else {
+    const auto r = run_cli({"--N", "64", "--iters", "2", "--format", "csv"});
+    CHECK(r.code == 0);
+    CHECK(r.out.find(",ok,") != std::string::npos);
+  }
+}
+
+TEST_CASE("cli: --load takes the problem from the .npy shapes and rejects mismatches") {
+  const auto dir = std::filesystem::temp_directory_path() / "flashstep_test_load";
+  std::filesystem::create_directories(dir);
+  const std::vector<float> q(2 * 3 * 5 * 4, 0.5f), kv(2 * 3 * 7 * 4, 0.25f);
+  flashstep::write_npy((dir / "Q.npy").string(), {2, 3, 5, 4}, q.data());
+  flashstep::write_npy((dir / "K.npy").string(), {2, 3, 7, 4}, kv.data());
+  flashstep::write_npy((dir / "V.npy").string(), {2, 3, 7, 4}, kv.data());
+  const auto ok = run_cli({"model", "--load", dir.string(), "--format", "csv", "--stage", "01"});
+  CHECK(ok.code == 0);
+  CHECK(ok.out.find(",2,3,5,7,4,0") != std::string::npos);
+
+  const auto contradict = run_cli({"model", "--load", dir.string(), "--d", "8"});
+  CHECK(contradict.code == 2);
+  CHECK(contradict.err.find("--d 8 contradicts") != std::string::npos);
+
+  flashstep::write_npy((dir / "V.npy").string(), {2, 3, 6, 4}, kv.data());
+  const auto mismatch = run_cli({"model", "--load", dir.string()});
+  CHECK(mismatch.code == 2);
+  CHECK(mismatch.err.find("K.npy and V.npy shapes differ") != std::string::npos);
+}

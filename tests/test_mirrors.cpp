@@ -1,0 +1,98 @@
+// Every stage's CPU mirror against the fp64 reference, and its counts against
+// the stage's closed-form model; plus the model facts the stage READMEs state.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "common/check.h"
+#include "common/reference.h"
+#include "common/stage.h"
+#include "shapes.h"
+
+using flashstep::Cost;
+using flashstep::Problem;
+using flashstep::Stage;
+
+namespace {
+const Stage& stage_named(const std::string& name) {
+  for (const Stage& s : flashstep::all_stages()) {
+    if (s.name == name) return s;
+  }
+  FAIL("stage " << name << " is not registered");
+  throw;  // unreachable: FAIL throws
+}
+
+Problem square(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t d, bool causal) {
+  Problem p;
+  p.B = B;
+  p.H = H;
+  p.Nq = p.Nk = N;
+  p.d = d;
+  p.causal = causal;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("CPU mirrors match the fp64 reference and count exactly what their model says") {
+  int mirrors = 0;
+  for (const Stage& s : flashstep::all_stages()) {
+    if (!s.mirror) continue;
+    ++mirrors;
+    std::uint64_t seed = 1;
+    for (const Problem& p : flashstep::test::ragged_problems()) {
+      CAPTURE(s.name);
+      CAPTURE(p.describe());
+      const auto in = flashstep::random_inputs(p, seed++);
+      std::vector<float> O(static_cast<size_t>(p.q_elems()), NAN);
+      std::vector<float> L(static_cast<size_t>(p.lse_elems()), NAN);
+      const Cost counted = s.mirror(p, {in.Q.data(), in.K.data(), in.V.data(), O.data(), L.data()});
+      const auto ref = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
+      const auto o = flashstep::compare(O.data(), ref.O, flashstep::kFp32Tolerance);
+      CHECK_MESSAGE(o.ok(), "O: " << o.summary());
+      if (s.writes_lse) {
+        const auto l = flashstep::compare(L.data(), ref.L, flashstep::kFp32Tolerance);
+        CHECK_MESSAGE(l.ok(), "L: " << l.summary());
+      }
+      const Cost model = s.model(p);
+      CHECK(counted.hbm_read_bytes == model.hbm_read_bytes);
+      CHECK(counted.hbm_write_bytes == model.hbm_write_bytes);
+      CHECK(counted.sram_read_bytes == model.sram_read_bytes);
+      CHECK(counted.sram_write_bytes == model.sram_write_bytes);
+      CHECK(counted.matmul_flops == model.matmul_flops);
+      CHECK(counted.nonmatmul_flops == model.nonmatmul_flops);
+      CHECK(counted.thread_blocks == model.thread_blocks);
+      CHECK(counted.skipped_tiles == model.skipped_tiles);
+    }
+  }
+  CHECK(mirrors >= 2);  // stages 03 and 04 have mirrors
+}
+
+TEST_CASE("stages 01 and 02 write S and P, each B*H*Nq*Nk floats, to HBM") {
+  for (bool causal : {false, true}) {
+    const Problem p = square(2, 3, 100, 40, causal);
+    const std::int64_t S = p.score_elems() * flashstep::kElemBytes;
+    const std::int64_t O = p.q_elems() * flashstep::kElemBytes;
+    const std::int64_t L = p.lse_elems() * flashstep::kElemBytes;
+    CHECK(stage_named("01_naive").model(p).hbm_write_bytes == 2 * S + O);
+    CHECK(stage_named("02_safe_softmax").model(p).hbm_write_bytes == 2 * S + O + L);
+    // 02 pays one more read of S than 01 for the row max.
+    CHECK(stage_named("02_safe_softmax").model(p).hbm_read_bytes -
+              stage_named("01_naive").model(p).hbm_read_bytes == S);
+  }
+}
+
+TEST_CASE("the README's model claims at N = 4096, d = 64: 04 < 03 < 02 in HBM bytes") {
+  for (bool causal : {false, true}) {
+    const Problem p = square(1, 1, 4096, 64, causal);
+    CAPTURE(causal);
+    const Cost c02 = stage_named("02_safe_softmax").model(p);
+    const Cost c03 = stage_named("03_fa1_kv_outer").model(p);
+    const Cost c04 = stage_named("04_fa2_q_outer").model(p);
+    CHECK(c03.hbm_bytes() < c02.hbm_bytes());
+    CHECK(c04.hbm_bytes() < c03.hbm_bytes());
+    CHECK(c04.nonmatmul_flops < c03.nonmatmul_flops);
+    if (causal) CHECK(c04.skipped_tiles > 0);  // whole K/V blocks above the diagonal
+    else CHECK(c04.skipped_tiles == 0);
+  }
+}

@@ -1,0 +1,79 @@
+// The contract's rules: validation, the causal mask, the FLOP convention.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "common/error.h"
+#include "common/problem.h"
+
+using flashstep::Error;
+using flashstep::Problem;
+
+TEST_CASE("validate names the field that breaks the contract") {
+  Problem p;
+  CHECK_NOTHROW(flashstep::validate(p));
+  p.B = 0;
+  CHECK_THROWS_WITH_AS(flashstep::validate(p), "B must be >= 1, got 0", Error);
+  p = Problem{};
+  p.Nk = -3;
+  CHECK_THROWS_WITH_AS(flashstep::validate(p), "Nk must be >= 1, got -3", Error);
+  p = Problem{};
+  p.d = 257;
+  CHECK_THROWS_WITH_AS(flashstep::validate(p), "d must be <= 256, got 257", Error);
+  p.d = 256;
+  CHECK_NOTHROW(flashstep::validate(p));
+  p.scale = NAN;
+  CHECK_THROWS_AS(flashstep::validate(p), Error);
+  p = Problem{};
+  p.Nq = 3'000'000'000;
+  CHECK_THROWS_AS(flashstep::validate(p), Error);
+}
+
+TEST_CASE("causal mask is aligned bottom-right: key j visible iff j <= i + Nk - Nq") {
+  Problem p;
+  p.causal = true;
+  SUBCASE("square: row i sees keys 0..i") {
+    p.Nq = p.Nk = 4;
+    for (std::int64_t i = 0; i < 4; ++i) CHECK(p.visible_keys(i) == i + 1);
+  }
+  SUBCASE("more keys than queries: the last query sees every key") {
+    p.Nq = 2;
+    p.Nk = 5;
+    CHECK(p.visible_keys(0) == 4);
+    CHECK(p.visible_keys(1) == 5);
+  }
+  SUBCASE("more queries than keys: the first Nq - Nk rows see no key") {
+    p.Nq = 5;
+    p.Nk = 2;
+    CHECK(p.visible_keys(0) == 0);
+    CHECK(p.visible_keys(2) == 0);
+    CHECK(p.visible_keys(3) == 1);
+    CHECK(p.visible_keys(4) == 2);
+  }
+  SUBCASE("non-causal: every row sees every key") {
+    p.causal = false;
+    p.Nq = 5;
+    p.Nk = 2;
+    CHECK(p.visible_keys(0) == 2);
+  }
+}
+
+TEST_CASE("FLOPs follow the FlashAttention convention, halved when causal") {
+  Problem p;
+  p.B = 2;
+  p.H = 3;
+  p.Nq = 5;
+  p.Nk = 7;
+  p.d = 11;
+  CHECK(p.forward_flops() == doctest::Approx(4.0 * 2 * 3 * 5 * 7 * 11));
+  p.causal = true;
+  CHECK(p.forward_flops() == doctest::Approx(2.0 * 2 * 3 * 5 * 7 * 11));
+}
+
+TEST_CASE("softmax scale defaults to 1/sqrt(d)") {
+  Problem p;
+  p.d = 64;
+  CHECK(p.softmax_scale() == doctest::Approx(0.125));
+  p.scale = 0.5;
+  CHECK(p.softmax_scale() == doctest::Approx(0.5));
+}

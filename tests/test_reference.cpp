@@ -1,0 +1,133 @@
+// The fp64 reference against hand-computed cases and an independent loop.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/check.h"
+#include "common/reference.h"
+
+using flashstep::Problem;
+using flashstep::reference_forward;
+
+TEST_CASE("reference: two keys, hand-computed softmax") {
+  // s = [0, ln 3] -> softmax [1/4, 3/4]; O = 2/4 + 6*3/4 = 5; L = ln(1 + 3).
+  Problem p;
+  p.Nq = 1;
+  p.Nk = 2;
+  p.d = 1;
+  p.scale = 1.0;
+  const std::vector<float> Q = {1.0f};
+  const std::vector<float> K = {0.0f, static_cast<float>(std::log(3.0))};
+  const std::vector<float> V = {2.0f, 6.0f};
+  const auto r = reference_forward(p, Q.data(), K.data(), V.data());
+  CHECK(r.O[0] == doctest::Approx(5.0).epsilon(1e-7));
+  CHECK(r.L[0] == doctest::Approx(std::log(4.0)).epsilon(1e-7));
+}
+
+TEST_CASE("reference: rows that see no key give O = 0 and L = -inf") {
+  Problem p;
+  p.Nq = 3;
+  p.Nk = 1;
+  p.d = 2;
+  p.causal = true;  // rows 0 and 1 see no key, row 2 sees key 0
+  p.scale = 1.0;
+  const std::vector<float> Q = {1, 1, 1, 1, 1, 2};
+  const std::vector<float> K = {3, 4};
+  const std::vector<float> V = {7, 8};
+  const auto r = reference_forward(p, Q.data(), K.data(), V.data());
+  for (int i = 0; i < 2; ++i) {
+    CHECK(r.O[2 * i] == 0.0);
+    CHECK(r.O[2 * i + 1] == 0.0);
+    CHECK(r.L[i] == -std::numeric_limits<double>::infinity());
+  }
+  CHECK(r.O[4] == 7.0);  // one visible key: its value, weight 1
+  CHECK(r.O[5] == 8.0);
+  CHECK(r.L[2] == doctest::Approx(1 * 3 + 2 * 4));  // log(exp(s)) = s
+}
+
+TEST_CASE("reference: logits far beyond fp32 exp's range stay finite") {
+  Problem p;
+  p.Nq = 1;
+  p.Nk = 2;
+  p.d = 1;
+  p.scale = 1.0;
+  const std::vector<float> Q = {1000.0f};
+  const std::vector<float> K = {1.0f, 1.0f};  // both logits 1000: equal weights
+  const std::vector<float> V = {1.0f, 3.0f};
+  const auto r = reference_forward(p, Q.data(), K.data(), V.data());
+  CHECK(r.O[0] == doctest::Approx(2.0));
+  CHECK(r.L[0] == doctest::Approx(1000.0 + std::log(2.0)));
+}
+
+TEST_CASE("reference agrees with an independent triple loop, causal and not") {
+  for (bool causal : {false, true}) {
+    Problem p;
+    p.B = 2;
+    p.H = 1;
+    p.Nq = 7;
+    p.Nk = 5;
+    p.d = 3;
+    p.causal = causal;
+    const auto in = flashstep::random_inputs(p, 42);
+    const auto r = reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
+    const double scale = 1.0 / std::sqrt(3.0);
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        const std::int64_t visible = causal ? std::max<std::int64_t>(0, i + p.Nk - p.Nq + 1) : p.Nk;
+        std::vector<double> w(static_cast<size_t>(visible));
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < visible; ++j) {
+          double s = 0.0;
+          for (std::int64_t k = 0; k < p.d; ++k) {
+            s += double(in.Q[(b * p.Nq + i) * p.d + k]) * double(in.K[(b * p.Nk + j) * p.d + k]);
+          }
+          w[j] = std::exp(s * scale);  // small logits: no max needed here
+          sum += w[j];
+        }
+        for (std::int64_t k = 0; k < p.d; ++k) {
+          double o = 0.0;
+          for (std::int64_t j = 0; j < visible; ++j) o += w[j] * in.V[(b * p.Nk + j) * p.d + k];
+          CHECK(r.O[(b * p.Nq + i) * p.d + k] == doctest::Approx(visible ? o / sum : 0.0));
+        }
+        if (visible) CHECK(r.L[b * p.Nq + i] == doctest::Approx(std::log(sum)));
+      }
+    }
+  }
+}
+
+TEST_CASE("reference on every k-th row computes those rows exactly and marks the rest") {
+  Problem p;
+  p.B = 1;
+  p.H = 2;
+  p.Nq = 9;
+  p.Nk = 6;
+  p.d = 4;
+  const auto in = flashstep::random_inputs(p, 7);
+  const auto full = reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
+  const auto some = flashstep::reference_forward_rows(p, in.Q.data(), in.K.data(), in.V.data(), 4);
+  for (std::int64_t bh = 0; bh < 2; ++bh) {
+    for (std::int64_t i = 0; i < p.Nq; ++i) {
+      const size_t row = static_cast<size_t>(bh * p.Nq + i);
+      if (i % 4 == 0) CHECK(some.L[row] == full.L[row]);
+      else CHECK(std::isnan(some.L[row]));
+    }
+  }
+}
+
+TEST_CASE("compare: the bound, infinities and NaN") {
+  const std::vector<double> want = {1.0, -std::numeric_limits<double>::infinity(), 0.0,
+                                    std::numeric_limits<double>::quiet_NaN()};
+  const float ok[] = {1.00001f, -INFINITY, 5e-6f, 123.0f};
+  CHECK(flashstep::compare(ok, want, flashstep::kFp32Tolerance).ok());
+  CHECK(flashstep::compare(ok, want, flashstep::kFp32Tolerance).checked == 3);
+  const float off[] = {1.001f, -INFINITY, 0.0f, 0.0f};
+  const auto c = flashstep::compare(off, want, flashstep::kFp32Tolerance);
+  CHECK(c.mismatches == 1);
+  CHECK(c.worst_index == 0);
+  const float nan[] = {NAN, -INFINITY, 0.0f, 0.0f};
+  CHECK(flashstep::compare(nan, want, flashstep::kFp32Tolerance).mismatches == 1);
+  const float inf[] = {1.0f, 0.0f, 0.0f, 0.0f};  // finite where -inf is wanted
+  CHECK(flashstep::compare(inf, want, flashstep::kFp32Tolerance).mismatches == 1);
+}
