@@ -71,7 +71,7 @@ TEST_CASE("cli: bad arguments throw one clear message") {
   CHECK_THROWS_WITH_AS(parse_args({"--d", "257"}), "d must be <= 256, got 257", Error);
   CHECK_THROWS_WITH_AS(parse_args({"--format", "xml"}), doctest::Contains("table, csv or json"), Error);
   CHECK_THROWS_WITH_AS(parse_args({"--stage", "99"}), doctest::Contains("unknown stage '99'"), Error);
-  CHECK_THROWS_WITH_AS(parse_args({"--iters", "0"}), doctest::Contains("--iters must be in"), Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--iters", "-1"}), doctest::Contains("--iters must be in"), Error);
   CHECK_THROWS_WITH_AS(parse_args({"--causal=yes"}), "--causal takes no value", Error);
 }
 

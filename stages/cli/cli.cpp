@@ -191,7 +191,8 @@ problem (default B=1 H=8 N=1024 d=64, non-causal, scale 1/sqrt(d)):
 what to run and print:
   --stage S[,S...]    stage names or numbers (01, 3, 04_fa2_q_outer) or all (default)
   --warmup N          untimed runs before timing (default 3)
-  --iters N           timed runs; median, p20, p80 reported (default 20)
+  --iters N           timed runs; median, p20, p80 reported (default 20);
+                      0 runs each stage once, untimed (for profilers)
   --no-check          skip the fp64 reference check
   --format F          table (default), csv or json
   --save DIR          write Q, K, V and each stage's O_<stage>.npy, L_<stage>.npy
@@ -244,7 +245,7 @@ Options parse_args(const std::vector<std::string>& args) {
     }
     else if (flag == "--iters") {
       const std::int64_t n = parse_int(flag, value());
-      if (n < 1 || n > kMaxRepeats) throw Error("--iters must be in 1.." + std::to_string(kMaxRepeats));
+      if (n < 0 || n > kMaxRepeats) throw Error("--iters must be in 0.." + std::to_string(kMaxRepeats));
       o.iterations = static_cast<int>(n);
     }
     else if (flag == "--no-check") { no_value(); o.check = false; }
@@ -346,7 +347,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
           write_npy(o.save_dir + "/L_" + std::string(s.name) + ".npy", {p.B, p.H, p.Nq}, L.data());
         }
       }
-      res.timing = run.time(o.warmup, o.iterations);
+      if (o.iterations > 0) res.timing = run.time(o.warmup, o.iterations);
     } catch (const Error& e) {
       err << "flashstep: " << s.name << ": " << e.what() << "\n";
       res.status = "error";

@@ -29,7 +29,7 @@ struct Options {
   Problem problem;             ///< default B=1, H=8, N=1024, d=64, non-causal
   std::string stages = "all";  ///< comma-separated selectors (see select_stages)
   int warmup = 3;              ///< untimed runs before timing
-  int iterations = 20;         ///< timed runs (median, p20, p80)
+  int iterations = 20;         ///< timed runs (median, p20, p80); 0: run once, untimed
   Format format = Format::kTable;
   std::string load_dir;        ///< read Q.npy, K.npy, V.npy from here
   std::string save_dir;        ///< write inputs and each stage's O, L here

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Times every registered stage at the FlashAttention-2 paper's settings.
+
+hidden 2048 (H = 2048/d), B = 16384/N, N in {512 ... 16384}, d in {64, 128},
+causal and not. Each problem is one `flashstep --format csv` call (so every
+stage is checked against the fp64 reference on sampled rows and timed with
+CUDA events, L2 flushed, median of the timed runs). Rows are appended to the
+output CSV with the GPU, driver, date and commit, and progress goes to stderr.
+
+    python3 tests/bench/sweep.py --flashstep build/stages/cli/flashstep \
+        --out docs/results/forward.csv [--N 1024 2048] [--d 64] [--stage 02,04]
+"""
+import argparse
+import csv
+import datetime
+import io
+import os
+import subprocess
+import sys
+import time
+
+HIDDEN = 2048          # model width of the paper's sweep: H = HIDDEN / d
+TOKENS = 16384         # tokens per batch in the paper's sweep: B = TOKENS / N
+LONG_N = 8192          # from here on, fewer timed runs: one run takes seconds
+ITERS = {"short": (2, 10), "long": (1, 5)}  # (warm-up, timed runs)
+
+
+def gpu_facts():
+    """GPU name, SM clock limit and driver from nvidia-smi (empty when absent)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm",
+             "--format=csv,noheader"], capture_output=True, text=True, check=True).stdout
+        name, driver, clock = [x.strip() for x in out.splitlines()[0].split(",")]
+        return {"driver": driver, "max_sm_clock": clock}
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        return {"driver": "", "max_sm_clock": ""}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
+    ap.add_argument("--out", required=True, help="CSV to write")
+    ap.add_argument("--N", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--stage", default="all", help="flashstep --stage selector")
+    ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
+    args = ap.parse_args()
+
+    meta = gpu_facts()
+    meta["date"] = datetime.date.today().isoformat()
+    meta["commit"] = args.commit
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    problems = [(N, d, c) for d in args.d for c in causals for N in args.N]
+
+    rows, failures = [], 0
+    for k, (N, d, causal) in enumerate(problems, 1):
+        B, H = TOKENS // N, HIDDEN // d
+        warmup, iters = ITERS["long" if N >= LONG_N else "short"]
+        cmd = [args.flashstep, "--stage", args.stage, "--B", str(B), "--H", str(H),
+               "--N", str(N), "--d", str(d), "--format", "csv",
+               "--warmup", str(warmup), "--iters", str(iters)]
+        if causal:
+            cmd.append("--causal")
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        print(f"[{k}/{len(problems)}] N={N} d={d} causal={int(causal)}: "
+              f"{time.time() - t0:.1f} s, exit {proc.returncode}", file=sys.stderr, flush=True)
+        if proc.returncode != 0:
+            failures += 1
+            sys.stderr.write(proc.stderr)
+        for row in csv.DictReader(io.StringIO(proc.stdout)):
+            row.update(meta)
+            rows.append(row)
+
+    if not rows:
+        sys.exit("sweep: no results")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"sweep: {len(rows)} rows to {args.out}; {failures} problem(s) with a failed stage",
+          file=sys.stderr)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

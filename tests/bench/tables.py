@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Writes the results tables into the READMEs from the recorded CSVs.
+
+Reads docs/results/forward.csv (sweep.py) and docs/results/traffic.csv
+(traffic.py) and rewrites, between marker lines, the tables in README.md
+(<!-- results:forward:begin/end -->, <!-- results:traffic:begin/end -->) and
+in each stages/NN_slug/README.md (<!-- results:begin/end -->). Tables are
+never typed by hand: edit the CSVs by re-running the benchmarks, then this.
+
+    python3 tests/bench/tables.py [--check]   # --check: fail if a README would change
+"""
+import argparse
+import csv
+import os
+import re
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+RESULTS = os.path.join(ROOT, "docs", "results")
+
+
+def read(name):
+    path = os.path.join(RESULTS, name)
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def gb(x):
+    return f"{int(x) / 1e9:.2f}"
+
+
+def provenance(rows, name):
+    r = rows[0]
+    return (f"_Recorded in `docs/results/{name}`: {r['gpu']}, driver {r['driver']}, "
+            f"{r['date']}, commit `{r['commit'][:10]}`._")
+
+
+def forward_table(rows, stages, d, causal):
+    ns = sorted({int(r["Nq"]) for r in rows})
+    sel = [r for r in rows if int(r["d"]) == d and r["causal"] == str(int(causal))]
+    if not sel:
+        return ""
+    lines = [f"**d = {d}, {'causal' if causal else 'non-causal'}** "
+             "(TFLOP/s, 4·B·H·N²·d, halved if causal; B = 16384/N, H = 2048/d)", "",
+             "| stage | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| --- |" + " ---: |" * len(ns)]
+    for stage in stages:
+        cells = []
+        for n in ns:
+            hit = [r for r in sel if r["stage"] == stage and int(r["Nq"]) == n]
+            if not hit or not hit[0]["TFLOP/s"]:
+                cells.append("–")
+            else:
+                mark = "" if hit[0]["check"] == "ok" else f" ({hit[0]['check']})"
+                cells.append(f"{float(hit[0]['TFLOP/s']):.2f}{mark}")
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def time_table(rows, stage):
+    sel = [r for r in rows if r["stage"] == stage]
+    if not sel:
+        return ""
+    ns = sorted({int(r["Nq"]) for r in sel})
+    lines = ["Median ms (TFLOP/s), B = 16384/N, H = 2048/d:", "",
+             "| d | causal | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| --- | --- |" + " ---: |" * len(ns)]
+    for d in sorted({int(r["d"]) for r in sel}):
+        for causal in ("0", "1"):
+            cells = []
+            for n in ns:
+                hit = [r for r in sel if int(r["d"]) == d and r["causal"] == causal
+                       and int(r["Nq"]) == n]
+                if hit and hit[0]["median ms"]:
+                    cells.append(f"{float(hit[0]['median ms']):.3g} ({float(hit[0]['TFLOP/s']):.2f})")
+                else:
+                    cells.append("–")
+            lines.append(f"| {d} | {'yes' if causal == '1' else 'no'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def traffic_table(rows, stages=None):
+    sel = [r for r in rows if stages is None or r["stage"] in stages]
+    if not sel:
+        return ""
+    lines = ["HBM traffic in GB under ncu (`--clock-control none`): model = bytes the algorithm "
+             "requests; DRAM = `dram__bytes_{read,write}.sum`; requested = "
+             "`l1tex__t_bytes_pipe_lsu_mem_global_op_{ld,st}.sum`.", "",
+             "| stage | N | d | model read | DRAM read | requested read | model write "
+             "| DRAM write | requested write | DRAM / model |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in sel:
+        if not r["dram_read"]:
+            lines.append(f"| {r['stage']} | {r['N']} | {r['d']} | {gb(r['model_read'])} | "
+                         f"counters unavailable: {r['note']} | | | | | |")
+            continue
+        model = int(r["model_read"]) + int(r["model_write"])
+        dram = int(r["dram_read"]) + int(r["dram_write"])
+        lines.append(
+            f"| {r['stage']} | {r['N']} | {r['d']} | {gb(r['model_read'])} | {gb(r['dram_read'])} | "
+            f"{gb(r['requested_read'])} | {gb(r['model_write'])} | {gb(r['dram_write'])} | "
+            f"{gb(r['requested_write'])} | {dram / model:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_between(text, tag, body):
+    pattern = re.compile(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", re.S)
+    if not pattern.search(text):
+        return text
+    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail if a README is out of date")
+    args = ap.parse_args()
+    fwd, traffic = read("forward.csv"), read("traffic.csv")
+    stages = list(dict.fromkeys(r["stage"] for r in fwd))
+    edits = {}
+
+    readme = os.path.join(ROOT, "README.md")
+    body_fwd = ""
+    if fwd:
+        body_fwd = "\n".join(forward_table(fwd, stages, d, c) for d in (64, 128)
+                             for c in (False, True)) + "\n" + provenance(fwd, "forward.csv") + "\n"
+    body_traffic = (traffic_table(traffic) + "\n" + provenance(traffic, "traffic.csv") + "\n"
+                    if traffic else "")
+    edits[readme] = [("results:forward", body_fwd), ("results:traffic", body_traffic)]
+
+    for folder in sorted(os.listdir(os.path.join(ROOT, "stages"))):
+        path = os.path.join(ROOT, "stages", folder, "README.md")
+        if not os.path.exists(path):
+            continue
+        mine = [s for s in stages if s.startswith(folder[:3])]
+        parts = []
+        for s in mine:
+            parts.append(f"**{s}**\n\n" + time_table(fwd, s))
+        t = traffic_table(traffic, mine)
+        if t:
+            parts.append(t)
+        if parts:
+            parts.append(provenance(fwd or traffic, "forward.csv" if fwd else "traffic.csv"))
+        edits[path] = [("results", "\n".join(parts) + ("\n" if parts else ""))]
+
+    stale = []
+    for path, subs in edits.items():
+        with open(path) as f:
+            old = f.read()
+        new = old
+        for tag, body in subs:
+            new = replace_between(new, tag, body)
+        if new != old:
+            stale.append(os.path.relpath(path, ROOT))
+            if not args.check:
+                with open(path, "w") as f:
+                    f.write(new)
+    if args.check and stale:
+        sys.exit("tables: out of date (run python3 tests/bench/tables.py): " + ", ".join(stale))
+    print(("tables: rewrote " + ", ".join(stale)) if stale else "tables: up to date")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Measures each stage's HBM traffic under Nsight Compute, beside its model.
+
+For every registered stage, one `flashstep --iters 0 --no-check` run (each
+stage's kernels launched once) is profiled with
+`ncu --clock-control none --replay-mode application`, and the per-kernel
+counters are summed per stage:
+  dram__bytes_read.sum / dram__bytes_write.sum       bytes that reached HBM
+  l1tex__t_bytes_pipe_lsu_mem_global_op_{ld,st}.sum  global bytes requested
+The model's bytes come from `flashstep model`. Rows go to a CSV with the GPU,
+driver, date and commit. When ncu cannot read the counters, the CSV says so.
+
+    python3 tests/bench/traffic.py --flashstep build/stages/cli/flashstep \
+        --out docs/results/traffic.csv [--N 8192] [--d 64 128]
+"""
+import argparse
+import csv
+import datetime
+import io
+import os
+import subprocess
+import sys
+
+from sweep import HIDDEN, TOKENS, gpu_facts
+
+METRICS = {
+    "dram_read": "dram__bytes_read.sum",
+    "dram_write": "dram__bytes_write.sum",
+    "requested_read": "l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum",
+    "requested_write": "l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum",
+    "kernel_ns": "gpu__time_duration.sum",
+}
+
+
+def flashstep_csv(exe, args):
+    out = subprocess.run([exe, *args, "--format", "csv"], capture_output=True, text=True,
+                         check=True).stdout
+    return list(csv.DictReader(io.StringIO(out)))
+
+
+def profile(exe, stage, problem_args):
+    """Summed counters of every kernel one forward of `stage` launches, or an error."""
+    cmd = ["ncu", "--clock-control", "none", "--replay-mode", "application", "--csv",
+           "--print-units", "base", "--metrics", ",".join(METRICS.values()),
+           exe, "--stage", stage, *problem_args, "--iters", "0", "--no-check"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    sums = {k: 0 for k in METRICS}
+    kernels = set()
+    lines = [l for l in proc.stdout.splitlines() if l.startswith('"')]
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        for key, metric in METRICS.items():
+            if row.get("Metric Name") == metric:
+                sums[key] += int(float(row["Metric Value"].replace(",", "")))
+                kernels.add(row["ID"])
+    if not kernels:
+        return None, (proc.stderr.strip().splitlines() or ["ncu printed no counters"])[-1]
+    sums["kernels"] = len(kernels)
+    return sums, ""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--flashstep", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--N", type=int, nargs="+", default=[8192])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--stage", default="all")
+    ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
+    args = ap.parse_args()
+
+    meta = gpu_facts()
+    meta["date"] = datetime.date.today().isoformat()
+    meta["commit"] = args.commit
+    rows = []
+    for d in args.d:
+        for N in args.N:
+            problem = ["--B", str(TOKENS // N), "--H", str(HIDDEN // d), "--N", str(N),
+                       "--d", str(d)]
+            for m in flashstep_csv(args.flashstep, ["model", "--stage", args.stage, *problem]):
+                counters, error = profile(args.flashstep, m["stage"], problem)
+                row = {"stage": m["stage"], "B": m["B"], "H": m["H"], "N": N, "d": d,
+                       "model_read": m["HBM read"], "model_write": m["HBM write"]}
+                for key in [*METRICS, "kernels"]:
+                    row[key] = counters[key] if counters else ""
+                row["note"] = error
+                row.update(meta)
+                rows.append(row)
+                print(f"traffic: {m['stage']} N={N} d={d}: "
+                      f"{'ok' if counters else error}", file=sys.stderr, flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

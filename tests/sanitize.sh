@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# compute-sanitizer over every selected stage at two ragged shapes, causal and
+# not: memcheck, racecheck, initcheck, synccheck. Each run launches the stage
+# once (--iters 0). Prints one line per run and a summary; exits non-zero on
+# any finding.
+#   bash tests/sanitize.sh BUILD_DIR [stage selector, default all] [tools...]
+set -uo pipefail
+build=${1:?usage: tests/sanitize.sh BUILD_DIR [stages] [tools...]}
+stages=${2:-all}
+shift $(( $# >= 2 ? 2 : 1 ))
+tools=("$@")
+[ ${#tools[@]} -gt 0 ] || tools=(memcheck racecheck initcheck synccheck)
+exe="$build/stages/cli/flashstep"
+names=$("$exe" model --stage "$stages" --format csv | tail -n +2 | cut -d, -f1)
+shapes=("--B 1 --H 2 --Nq 113 --Nk 203 --d 40" "--B 2 --H 1 --Nq 239 --Nk 97 --d 128")
+runs=0 bad=0
+for stage in $names; do
+  for shape in "${shapes[@]}"; do
+    for causal in "" "--causal"; do
+      for tool in "${tools[@]}"; do
+        # shellcheck disable=SC2086
+        log=$(compute-sanitizer --tool "$tool" --error-exitcode 99 \
+              "$exe" --stage "$stage" $shape $causal --iters 0 --no-check 2>&1)
+        rc=$?
+        runs=$((runs + 1))
+        summary=$(grep -m1 "ERROR SUMMARY\|RACECHECK SUMMARY" <<<"$log")
+        if [ $rc -ne 0 ]; then
+          bad=$((bad + 1))
+          echo "FINDING $tool $stage $shape $causal (exit $rc): $summary"
+          grep -m5 -E "Invalid|Race|Uninitialized|Barrier|error" <<<"$log" | sed 's/^/    /'
+        else
+          echo "clean   $tool $stage $shape $causal: $summary"
+        fi
+      done
+    done
+  done
+done
+echo "sanitize: $runs runs, $bad with findings"
+[ $bad -eq 0 ]
