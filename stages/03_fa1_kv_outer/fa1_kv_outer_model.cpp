@@ -1,0 +1,65 @@
+// Stage 03's closed-form model and registry entry (host only).
+//
+// Every count is per (batch, head), then times B * H. Sums over tiles collapse
+// because the valid rows of the Q blocks add up to Nq and those of the K/V
+// blocks to Nk; only the number of K/V blocks Tc stays, since each of them
+// sweeps the whole of Q, O, l and m.
+#include "fa1_kv_outer.h"
+
+namespace flashstep::fa1_kv_outer {
+
+std::int64_t workspace_bytes(const Problem& p) { return 2 * p.lse_elems() * kElemBytes; }
+
+Cost model(const Problem& p) {
+  const std::int64_t Nq = p.Nq, Nk = p.Nk, d = p.d;
+  const std::int64_t Tc = kv_tiles(p);
+  const std::int64_t q_elems = Nq * d;   // elements of Q (or O) of one head
+  const std::int64_t kv_elems = Nk * d;  // elements of K (or V) of one head
+
+  Cost head;
+  // Reads: Kj and Vj once; every (j, i) step reads Qi, O_i, l_i, m_i.
+  head.hbm_read_bytes = (2 * kv_elems + Tc * (2 * q_elems + 2 * Nq)) * kElemBytes;
+  // Writes: O, l, m initialised; every step writes O_i, l_i, m_i; L once.
+  head.hbm_write_bytes = ((q_elems + 2 * Nq) + Tc * (q_elems + 2 * Nq) + Nq) * kElemBytes;
+  // Shared memory in: Kj, Vj per j; Qi per step; P~_ij per step.
+  head.sram_write_bytes = (2 * kv_elems + Tc * q_elems + Nq * Nk) * kElemBytes;
+  // Shared memory out, per multiply-add: a Qi and a Kj element for S_ij, a
+  // P~_ij and a Vj element for P~_ij Vj.
+  head.sram_read_bytes = 4 * Nq * Nk * d * kElemBytes;
+  head.matmul_flops = 2 * Nq * Nk * d + 2 * Nq * Nk * d;
+  // Per score: scale, max, subtract, exp, add (l~), multiply by the P factor.
+  // Per row and step: m_new (1), e^(m_i - m_new) (2), e^(m~ - m_new) (2), l_new
+  // (3), 1 / l_new (1), the O and P factors (2). Per O_i element and step: the
+  // rescale. Per row, once: L = m + log(l).
+  head.nonmatmul_flops = 6 * Nq * Nk + Tc * (11 * Nq + q_elems) + 2 * Nq;
+
+  const std::int64_t BH = p.heads();
+  Cost c;
+  c.hbm_read_bytes = BH * head.hbm_read_bytes;
+  c.hbm_write_bytes = BH * head.hbm_write_bytes;
+  c.sram_read_bytes = BH * head.sram_read_bytes;
+  c.sram_write_bytes = BH * head.sram_write_bytes;
+  c.matmul_flops = BH * head.matmul_flops;
+  c.nonmatmul_flops = BH * head.nonmatmul_flops;
+  c.thread_blocks = launched_blocks(p);
+  c.skipped_tiles = 0;  // FA1 computes and masks every tile
+  return c;
+}
+
+}  // namespace flashstep::fa1_kv_outer
+
+namespace flashstep {
+
+std::vector<Stage> stages_03_fa1_kv_outer() {
+  Stage s;
+  s.name = "03_fa1_kv_outer";
+  s.title = "FlashAttention-1, K/V outer";
+  s.writes_lse = true;
+  s.forward = fa1_kv_outer::forward;
+  s.workspace_bytes = fa1_kv_outer::workspace_bytes;
+  s.model = fa1_kv_outer::model;
+  s.mirror = fa1_kv_outer::mirror;
+  return {s};
+}
+
+}  // namespace flashstep
