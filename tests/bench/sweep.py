@@ -26,15 +26,15 @@ ITERS = {"short": (2, 10), "long": (1, 5)}  # (warm-up, timed runs)
 
 
 def gpu_facts():
-    """GPU name, SM clock limit and driver from nvidia-smi (empty when absent)."""
+    """GPU name, driver and SM clock limit from nvidia-smi (empty when absent)."""
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm",
              "--format=csv,noheader"], capture_output=True, text=True, check=True).stdout
         name, driver, clock = [x.strip() for x in out.splitlines()[0].split(",")]
-        return {"driver": driver, "max_sm_clock": clock}
+        return {"gpu": name, "driver": driver, "max_sm_clock": clock}
     except (OSError, subprocess.CalledProcessError, ValueError):
-        return {"driver": "", "max_sm_clock": ""}
+        return {"gpu": "", "driver": "", "max_sm_clock": ""}
 
 
 def main():

@@ -33,7 +33,7 @@ def gb(x):
 
 def provenance(rows, name):
     r = rows[0]
-    return (f"_Recorded in `docs/results/{name}`: {r['gpu']}, driver {r['driver']}, "
+    return (f"_Recorded in `docs/results/{name}`: {r.get('gpu') or 'GPU not recorded'}, driver {r['driver']}, "
             f"{r['date']}, commit `{r['commit'][:10]}`._")
 
 
