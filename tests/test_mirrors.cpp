@@ -96,3 +96,16 @@ TEST_CASE("the README's model claims at N = 4096, d = 64: 04 < 03 < 02 in HBM by
     else CHECK(c04.skipped_tiles == 0);
   }
 }
+
+TEST_CASE("stage 05 moves what stage 04 moves, spread over Tr * B * H thread blocks") {
+  for (const Problem& p : flashstep::test::ragged_problems()) {
+    CAPTURE(p.describe());
+    Cost c04 = stage_named("04_fa2_q_outer").model(p);
+    const Cost c05 = stage_named("05_sequence_parallel").model(p);
+    const std::int64_t q_blocks = (p.Nq + 63) / 64;  // Br = 64
+    CHECK(c04.thread_blocks == p.heads());
+    CHECK(c05.thread_blocks == q_blocks * p.heads());
+    c04.thread_blocks = c05.thread_blocks;
+    CHECK(c04 == c05);
+  }
+}
