@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 #include "cuda_check.h"
@@ -23,8 +24,8 @@ constexpr std::int64_t kDeviceHeadroomBytes = 256ll << 20;
 
 std::string gib(std::int64_t bytes) {
   std::ostringstream s;
-  s.precision(3);
-  s << static_cast<double>(bytes) / static_cast<double>(1ll << 30) << " GiB";
+  s << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / static_cast<double>(1ll << 30)
+    << " GiB";
   return s.str();
 }
 
