@@ -47,7 +47,6 @@ namespace flashstep::fa2_q_outer {
 namespace {
 
 using fa2::attend_q_block;
-using fa2::kVec;
 using fa2::Layout;
 using fa2::Params;
 
@@ -76,29 +75,12 @@ void launch(const Params& prm, Stream stream) {
   check_launch("stage 04 fa2_forward_kernel");
 }
 
-bool aligned16(const void* ptr) {
-  return reinterpret_cast<std::uintptr_t>(ptr) % (kVec * sizeof(float)) == 0;
-}
-
 }  // namespace
 
 void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 04: null tensor pointer");
-  Params prm{};
-  prm.Q = t.Q;
-  prm.K = t.K;
-  prm.V = t.V;
-  prm.O = t.O;
-  prm.L = t.L;
-  prm.heads = p.heads();
-  prm.Nq = static_cast<int>(p.Nq);
-  prm.Nk = static_cast<int>(p.Nk);
-  prm.d = static_cast<int>(p.d);
-  prm.scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
-  prm.causal = p.causal;
-  prm.vec = p.d % kVec == 0 && aligned16(t.Q) && aligned16(t.K) && aligned16(t.V) &&
-            aligned16(t.O);
+  const Params prm = fa2::make_params(p, t);
   // Head-dimension buckets: d is zero-padded up to 64, 128 or 256 inside the tiles.
   if (p.d <= 64) {
     launch<64>(prm, stream);

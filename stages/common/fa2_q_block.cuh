@@ -32,6 +32,7 @@
 
 #include "fa2_tiles.h"
 #include "reduce.cuh"
+#include "stage.h"
 
 namespace flashstep::fa2 {
 
@@ -115,6 +116,29 @@ struct Params {
   bool causal;
   bool vec;  // float4 global accesses: d % 4 == 0 and 16-byte aligned tensors
 };
+
+inline bool aligned16(const void* ptr) {
+  return reinterpret_cast<std::uintptr_t>(ptr) % (kVec * sizeof(float)) == 0;
+}
+
+// The kernel parameters of problem p on tensors t (host side; stages 04 and 05).
+inline Params make_params(const Problem& p, const ForwardTensors& t) {
+  Params prm{};
+  prm.Q = t.Q;
+  prm.K = t.K;
+  prm.V = t.V;
+  prm.O = t.O;
+  prm.L = t.L;
+  prm.heads = p.heads();
+  prm.Nq = static_cast<int>(p.Nq);
+  prm.Nk = static_cast<int>(p.Nk);
+  prm.d = static_cast<int>(p.d);
+  prm.scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
+  prm.causal = p.causal;
+  prm.vec = p.d % kVec == 0 && aligned16(t.Q) && aligned16(t.K) && aligned16(t.V) &&
+            aligned16(t.O);
+  return prm;
+}
 
 // The piece of the Br x Bc scores and of O~_i that the calling thread owns.
 struct Owner {
