@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/problem.h"
+#include "common/stage.h"
 
 using flashstep::Error;
 using flashstep::Problem;
@@ -76,4 +77,19 @@ TEST_CASE("softmax scale defaults to 1/sqrt(d)") {
   CHECK(p.softmax_scale() == doctest::Approx(0.125));
   p.scale = 0.5;
   CHECK(p.softmax_scale() == doctest::Approx(0.5));
+}
+
+TEST_CASE("float4 access needs d % 4 == 0 and 16-byte aligned tensors") {
+  alignas(16) float buffer[8] = {};
+  Problem p;
+  p.d = 64;
+  flashstep::ForwardTensors t;
+  t.Q = t.K = t.V = buffer;
+  t.O = buffer;
+  CHECK(flashstep::float4_ok(p, t));
+  p.d = 59;
+  CHECK_FALSE(flashstep::float4_ok(p, t));
+  p.d = 64;
+  t.V = buffer + 1;  // 4 bytes off
+  CHECK_FALSE(flashstep::float4_ok(p, t));
 }

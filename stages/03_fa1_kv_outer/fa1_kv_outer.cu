@@ -412,10 +412,6 @@ void launch(const Problem& p, const ForwardTensors& t, float* l, float* m, bool 
   check_launch("stage 03 fa1_kv_outer_kernel");
 }
 
-bool aligned16(const void* ptr) {
-  return reinterpret_cast<std::uintptr_t>(ptr) % sizeof(float4) == 0;
-}
-
 }  // namespace
 
 void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
@@ -425,9 +421,7 @@ void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   }
   float* l = static_cast<float*>(t.workspace);  // [B, H, Nq]
   float* m = l + p.lse_elems();                 // [B, H, Nq]
-  // 16-byte accesses need every row to start 16-byte aligned.
-  const bool vec4 = p.d % kVec == 0 && aligned16(t.Q) && aligned16(t.K) && aligned16(t.V) &&
-                    aligned16(t.O);
+  const bool vec4 = float4_ok(p, t);
   switch (padded_head_dim(p.d)) {  // one instance per value padded_head_dim returns
     case 64: launch<64>(p, t, l, m, vec4, stream); break;
     case 128: launch<128>(p, t, l, m, vec4, stream); break;

@@ -117,10 +117,6 @@ struct Params {
   bool vec;  // float4 global accesses: d % 4 == 0 and 16-byte aligned tensors
 };
 
-inline bool aligned16(const void* ptr) {
-  return reinterpret_cast<std::uintptr_t>(ptr) % (kVec * sizeof(float)) == 0;
-}
-
 // The kernel parameters of problem p on tensors t (host side; stages 04 and 05).
 inline Params make_params(const Problem& p, const ForwardTensors& t) {
   Params prm{};
@@ -135,8 +131,7 @@ inline Params make_params(const Problem& p, const ForwardTensors& t) {
   prm.d = static_cast<int>(p.d);
   prm.scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
   prm.causal = p.causal;
-  prm.vec = p.d % kVec == 0 && aligned16(t.Q) && aligned16(t.K) && aligned16(t.V) &&
-            aligned16(t.O);
+  prm.vec = float4_ok(p, t);
   return prm;
 }
 

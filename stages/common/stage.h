@@ -29,6 +29,10 @@ struct ForwardTensors {
   void* workspace = nullptr; ///< Stage::workspace_bytes(problem) bytes, 256-byte aligned
 };
 
+/// Whether a kernel may use 16-byte (float4) accesses on these tensors: every
+/// row of Q, K, V and O starts 16-byte aligned (d % 4 == 0 and aligned bases).
+bool float4_ok(const Problem& p, const ForwardTensors& t);
+
 /// Host pointers for a CPU mirror: the same layout as ForwardTensors.
 struct HostTensors {
   const float* Q = nullptr;  ///< [B, H, Nq, d]
