@@ -7,6 +7,8 @@ stage's kernels launched once) is profiled with
 counters are summed per stage:
   dram__bytes_read.sum / dram__bytes_write.sum       bytes that reached HBM
   l1tex__t_bytes_pipe_lsu_mem_global_op_{ld,st}.sum  global bytes requested
+  sm__warps_active.avg.pct_of_peak_sustained_active  achieved occupancy
+  sm__cycles_active.avg.pct_of_peak_sustained_elapsed how busy the SMs were
 The model's bytes come from `flashstep model`. Rows go to a CSV with the GPU,
 driver, date and commit. When ncu cannot read the counters, the CSV says so.
 
@@ -30,6 +32,13 @@ METRICS = {
     "requested_write": "l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum",
     "kernel_ns": "gpu__time_duration.sum",
 }
+# Percentages, averaged over a stage's kernels weighted by their duration:
+# achieved occupancy (active warps over the maximum, on SMs while active) and
+# how busy the SMs were over the whole kernel (idle SMs pull it down).
+PERCENTAGES = {
+    "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "sm_active_pct": "sm__cycles_active.avg.pct_of_peak_sustained_elapsed",
+}
 
 
 def flashstep_csv(exe, args):
@@ -41,20 +50,24 @@ def flashstep_csv(exe, args):
 def profile(exe, stage, problem_args):
     """Summed counters of every kernel one forward of `stage` launches, or an error."""
     cmd = ["ncu", "--clock-control", "none", "--replay-mode", "application", "--csv",
-           "--print-units", "base", "--metrics", ",".join(METRICS.values()),
+           "--print-units", "base", "--metrics", ",".join([*METRICS.values(), *PERCENTAGES.values()]),
            exe, "--stage", stage, *problem_args, "--iters", "0", "--no-check"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sums = {k: 0 for k in METRICS}
-    kernels = set()
+    per_kernel = {}  # kernel ID -> {metric name: value}
     lines = [l for l in proc.stdout.splitlines() if l.startswith('"')]
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
-        for key, metric in METRICS.items():
-            if row.get("Metric Name") == metric:
-                sums[key] += int(float(row["Metric Value"].replace(",", "")))
-                kernels.add(row["ID"])
-    if not kernels:
+        value = float(row["Metric Value"].replace(",", ""))
+        per_kernel.setdefault(row["ID"], {})[row["Metric Name"]] = value
+    if not per_kernel:
         return None, (proc.stderr.strip().splitlines() or ["ncu printed no counters"])[-1]
-    sums["kernels"] = len(kernels)
+    for metrics in per_kernel.values():
+        for key, metric in METRICS.items():
+            sums[key] += int(metrics.get(metric, 0))
+    for key, metric in PERCENTAGES.items():
+        weighted = sum(m.get(metric, 0) * m.get(METRICS["kernel_ns"], 0) for m in per_kernel.values())
+        sums[key] = round(weighted / max(sums["kernel_ns"], 1), 1)
+    sums["kernels"] = len(per_kernel)
     return sums, ""
 
 
@@ -80,7 +93,7 @@ def main():
                 counters, error = profile(args.flashstep, m["stage"], problem)
                 row = {"stage": m["stage"], "B": m["B"], "H": m["H"], "N": N, "d": d,
                        "model_read": m["HBM read"], "model_write": m["HBM write"]}
-                for key in [*METRICS, "kernels"]:
+                for key in [*METRICS, *PERCENTAGES, "kernels"]:
                     row[key] = counters[key] if counters else ""
                 row["note"] = error
                 row.update(meta)
