@@ -316,7 +316,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   r.title = p.describe() + " on " + dev.name +
             "; TFLOP/s counts 4*B*H*Nq*Nk*d (halved if causal); HBM = modelled bytes";
   r.columns = {"stage", "check", "max err O", "max err L", "median ms", "p20 ms", "p80 ms",
-               "TFLOP/s", "HBM read", "HBM write"};
+               "TFLOP/s", "HBM read", "HBM write", "blocks"};
   r.columns.insert(r.columns.end(), kProblemColumns.begin(), kProblemColumns.end());
   r.columns.push_back(".gpu");
   bool all_ok = true;
@@ -363,7 +363,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
         number(timed ? res.timing.median_ms : nan), number(timed ? res.timing.p20_ms : nan),
         number(timed ? res.timing.p80_ms : nan),
         number(timed ? p.forward_flops() / (res.timing.median_ms / kMsPerS) / kTera : nan, 3),
-        bytes(c.hbm_read_bytes), bytes(c.hbm_write_bytes)};
+        bytes(c.hbm_read_bytes), bytes(c.hbm_write_bytes), integer(c.thread_blocks)};
     append(row, problem_cells(p));
     row.push_back(text(dev.name));
     r.rows.push_back(row);
