@@ -63,6 +63,7 @@ TEST_CASE("CPU mirrors match the fp64 reference and count exactly what their mod
       CHECK(counted.nonmatmul_flops == model.nonmatmul_flops);
       CHECK(counted.thread_blocks == model.thread_blocks);
       CHECK(counted.skipped_tiles == model.skipped_tiles);
+      CHECK(counted.barriers == model.barriers);
     }
   }
   CHECK(mirrors >= 2);  // stages 03 and 04 have mirrors
@@ -108,4 +109,31 @@ TEST_CASE("stage 05 moves what stage 04 moves, spread over Tr * B * H thread blo
     c04.thread_blocks = c05.thread_blocks;
     CHECK(c04 == c05);
   }
+}
+
+TEST_CASE("stage 06: split-Q and split-K move FA2's HBM bytes; split-K pays in SRAM and barriers") {
+  const auto both = flashstep::select_stages("06");
+  REQUIRE(both.size() == 2);
+  const Stage& q = stage_named("06_warp_split_q");
+  const Stage& k = stage_named("06_warp_split_k");
+  CHECK(q.writes_lse);
+  CHECK(k.writes_lse);
+  for (const Problem& p : flashstep::test::ragged_problems()) {
+    CAPTURE(p.describe());
+    const Cost cq = q.model(p);
+    const Cost ck = k.model(p);
+    // O and L written once, whatever the tiles.
+    CHECK(cq.hbm_write_bytes == p.heads() * p.Nq * (p.d + 1) * flashstep::kElemBytes);
+    CHECK(ck.hbm_write_bytes == cq.hbm_write_bytes);
+    CHECK(ck.sram_bytes() > cq.sram_bytes());
+    CHECK(ck.barriers > cq.barriers);
+  }
+  // Non-causal, Nq = Nk = 256, d = 64, one head: split-Q's 128-row Q blocks
+  // each read Qi once and all 256 keys of K and V once: 2 blocks, 2 barriers
+  // per K/V tile of 64 keys.
+  const Problem p = square(1, 1, 256, 64, false);
+  const Cost cq = q.model(p);
+  CHECK(cq.thread_blocks == 2);
+  CHECK(cq.hbm_read_bytes == 2 * (128 + 2 * 256) * 64 * flashstep::kElemBytes);
+  CHECK(cq.barriers == 2 * 2 * (256 / 64));
 }

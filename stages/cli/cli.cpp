@@ -102,7 +102,7 @@ Report model_report(const Problem& p, const std::vector<const Stage*>& stages) {
   Report r;
   r.title = "model for " + p.describe();
   r.columns = {"stage", "HBM read", "HBM write", "SRAM read", "SRAM write", "matmul FLOPs",
-               "other FLOPs", "blocks", "skipped tiles"};
+               "other FLOPs", "blocks", "skipped tiles", "barriers"};
   r.columns.insert(r.columns.end(), kProblemColumns.begin(), kProblemColumns.end());
   for (const Stage* s : stages) {
     const Cost c = s->model(p);
@@ -110,7 +110,9 @@ Report model_report(const Problem& p, const std::vector<const Stage*>& stages) {
                              bytes(c.hbm_write_bytes), bytes(c.sram_read_bytes),
                              bytes(c.sram_write_bytes), flops(c.matmul_flops),
                              flops(c.nonmatmul_flops), integer(c.thread_blocks),
-                             integer(c.skipped_tiles)};
+                             integer(c.skipped_tiles),
+                             // Only stage 06 models its barriers; 0 means "not modelled".
+                             c.barriers > 0 ? integer(c.barriers) : number(std::nan(""))};
     append(row, problem_cells(p));
     r.rows.push_back(row);
   }

@@ -33,6 +33,10 @@ struct Cost {
   std::int64_t nonmatmul_flops = 0;   ///< everything else
   std::int64_t thread_blocks = 0;     ///< thread blocks launched
   std::int64_t skipped_tiles = 0;     ///< (Qi, Kj) tile pairs skipped as wholly masked
+  /// Block-wide barriers executed, summed over thread blocks. Modelled by
+  /// stage 06, where split-K's extra synchronisation is the lesson; 0 in the
+  /// other stages means "not modelled" (their kernels do synchronise).
+  std::int64_t barriers = 0;
 
   std::int64_t hbm_bytes() const { return hbm_read_bytes + hbm_write_bytes; }
   std::int64_t sram_bytes() const { return sram_read_bytes + sram_write_bytes; }
@@ -46,13 +50,15 @@ struct Cost {
     nonmatmul_flops += o.nonmatmul_flops;
     thread_blocks += o.thread_blocks;
     skipped_tiles += o.skipped_tiles;
+    barriers += o.barriers;
     return *this;
   }
   bool operator==(const Cost& o) const {
     return hbm_read_bytes == o.hbm_read_bytes && hbm_write_bytes == o.hbm_write_bytes &&
            sram_read_bytes == o.sram_read_bytes && sram_write_bytes == o.sram_write_bytes &&
            matmul_flops == o.matmul_flops && nonmatmul_flops == o.nonmatmul_flops &&
-           thread_blocks == o.thread_blocks && skipped_tiles == o.skipped_tiles;
+           thread_blocks == o.thread_blocks && skipped_tiles == o.skipped_tiles &&
+           barriers == o.barriers;
   }
   bool operator!=(const Cost& o) const { return !(*this == o); }
 };

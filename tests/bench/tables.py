@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Writes the results tables into the READMEs from the recorded CSVs.
 
-Reads docs/results/forward.csv (sweep.py) and docs/results/traffic.csv
-(traffic.py) and rewrites, between marker lines, the tables in README.md
-(<!-- results:forward:begin/end -->, <!-- results:traffic:begin/end -->) and
-in each stages/NN_slug/README.md (<!-- results:begin/end -->). Tables are
-never typed by hand: edit the CSVs by re-running the benchmarks, then this.
+Reads docs/results/forward.csv (sweep.py), docs/results/traffic.csv
+(traffic.py) and, when it exists, docs/results/peers.csv (peers.py: PyTorch
+SDPA on the same problems) and rewrites, between marker lines, the tables in
+README.md (<!-- results:forward:begin/end -->, <!-- results:traffic:begin/end -->)
+and in each stages/NN_slug/README.md (<!-- results:begin/end -->). The fp32
+peers become extra rows of the forward tables, the bf16 peers a table of their
+own. Tables are never typed by hand: edit the CSVs by re-running the
+benchmarks, then this.
 
     python3 tests/bench/tables.py [--check]   # --check: fail if a README would change
 """
@@ -17,6 +20,13 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RESULTS = os.path.join(ROOT, "docs", "results")
+
+# peers.py's stage names, as the tables label them: fp32 rows join the stages'
+# tables; bf16 rows get their own, for reference only.
+FP32_PEERS = {"sdpa_efficient_fp32": "PyTorch SDPA mem-efficient fp32",
+              "sdpa_math_fp32": "PyTorch SDPA math fp32"}
+BF16_PEERS = {"sdpa_flash_bf16": "PyTorch SDPA flash bf16",
+              "sdpa_cudnn_bf16": "PyTorch SDPA cuDNN bf16"}
 
 
 def read(name):
@@ -37,7 +47,17 @@ def provenance(rows, name):
             f"{r['date']}, commit `{r['commit'][:10]}`._")
 
 
-def forward_table(rows, stages, d, causal):
+def peer_cell(hit):
+    """A peer's TFLOP/s, or why it has none (OOM: out of memory; –: no kernel)."""
+    if not hit:
+        return "–"
+    if not hit[0]["TFLOP/s"]:
+        return "OOM" if hit[0]["note"] == "out of memory" else "–"
+    mark = "" if hit[0]["check"] == "ok" else f" ({hit[0]['check']})"
+    return f"{float(hit[0]['TFLOP/s']):.2f}{mark}"
+
+
+def forward_table(rows, stages, d, causal, peers=()):
     ns = sorted({int(r["Nq"]) for r in rows})
     sel = [r for r in rows if int(r["d"]) == d and r["causal"] == str(int(causal))]
     if not sel:
@@ -56,7 +76,43 @@ def forward_table(rows, stages, d, causal):
                 mark = "" if hit[0]["check"] == "ok" else f" ({hit[0]['check']})"
                 cells.append(f"{float(hit[0]['TFLOP/s']):.2f}{mark}")
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    mine = [r for r in peers if int(r["d"]) == d and r["causal"] == str(int(causal))]
+    for peer, label in FP32_PEERS.items():
+        if any(r["stage"] == peer for r in mine):
+            cells = [peer_cell([r for r in mine if r["stage"] == peer and int(r["Nq"]) == n])
+                     for n in ns]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def bf16_table(peers):
+    sel = [r for r in peers if r["stage"] in BF16_PEERS]
+    if not sel:
+        return ""
+    ns = sorted({int(r["Nq"]) for r in sel})
+    lines = ["**For reference, bf16** (PyTorch SDPA in bfloat16: half the bytes and tensor "
+             "cores, so not comparable with the fp32 rows above; TFLOP/s as above)", "",
+             "| peer | d | causal | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| --- | ---: | --- |" + " ---: |" * len(ns)]
+    for peer, label in BF16_PEERS.items():
+        for d in sorted({int(r["d"]) for r in sel}):
+            for causal in ("0", "1"):
+                mine = [r for r in sel if r["stage"] == peer and int(r["d"]) == d
+                        and r["causal"] == causal]
+                if not mine:
+                    continue
+                cells = [peer_cell([r for r in mine if int(r["Nq"]) == n]) for n in ns]
+                lines.append(f"| {label} | {d} | {'yes' if causal == '1' else 'no'} | "
+                             + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def peers_provenance(peers):
+    r = peers[0]
+    return (f"_PyTorch SDPA rows recorded in `docs/results/peers.csv` (tests/bench/peers.py): "
+            f"{r.get('gpu') or 'GPU not recorded'}, driver {r['driver']}, {r['date']}, "
+            f"commit `{r['commit'][:10]}`, PyTorch {r['torch']}; fp32 with TF32 off; "
+            "OOM: out of memory; –: no kernel for that problem (the CSV's note says why)._")
 
 
 def time_table(rows, stage):
@@ -116,15 +172,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if a README is out of date")
     args = ap.parse_args()
-    fwd, traffic = read("forward.csv"), read("traffic.csv")
+    fwd, traffic, peers = read("forward.csv"), read("traffic.csv"), read("peers.csv")
     stages = list(dict.fromkeys(r["stage"] for r in fwd))
     edits = {}
 
     readme = os.path.join(ROOT, "README.md")
     body_fwd = ""
     if fwd:
-        body_fwd = "\n".join(forward_table(fwd, stages, d, c) for d in (64, 128)
-                             for c in (False, True)) + "\n" + provenance(fwd, "forward.csv") + "\n"
+        tables = [forward_table(fwd, stages, d, c, peers) for d in (64, 128)
+                  for c in (False, True)]
+        bf16 = bf16_table(peers)
+        if bf16:
+            tables.append(bf16)
+        body_fwd = "\n".join(tables) + "\n" + provenance(fwd, "forward.csv") + "\n"
+        if peers:
+            body_fwd += "\n" + peers_provenance(peers) + "\n"
+            if peers[0].get("gpu") != fwd[0].get("gpu"):
+                print(f"tables: warning: peers.csv is from {peers[0].get('gpu')!r}, "
+                      f"forward.csv from {fwd[0].get('gpu')!r}; compare only runs on one GPU",
+                      file=sys.stderr)
     body_traffic = (traffic_table(traffic) + "\n" + provenance(traffic, "traffic.csv") + "\n"
                     if traffic else "")
     edits[readme] = [("results:forward", body_fwd), ("results:traffic", body_traffic)]

@@ -1,0 +1,346 @@
+// The C ABI of flashstep.h: argument checks that need no GPU first, then the
+// CUDA-side checks, a per-call workspace, and the stage's forward on the
+// caller's stream. Every failure becomes a code plus a thread-local message.
+#include "flashstep.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <iomanip>
+#include <new>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/problem.h"
+#include "common/stage.h"
+
+namespace {
+
+using flashstep::Problem;
+using flashstep::Stage;
+
+// Per thread, like errno: two threads calling at once each read their own.
+thread_local std::string t_last_error;
+
+// Free device memory left beyond a workspace, for the allocator's granularity
+// and whatever the caller's next kernels need; a workspace that would leave
+// less is refused with ENOMEM before allocating.
+constexpr std::int64_t kWorkspaceHeadroomBytes = 64ll << 20;
+// ForwardTensors promises the workspace 256-byte aligned.
+constexpr std::uintptr_t kWorkspaceAlign = 256;
+// Every tensor is fp32: its pointer must be aligned to one element.
+constexpr std::uintptr_t kElemAlign = alignof(float);
+
+// A failure with its code; the entry points turn it into a return value.
+class CapiError : public flashstep::Error {
+ public:
+  CapiError(int code, const std::string& what) : flashstep::Error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+[[noreturn]] void fail(int code, const std::string& what) { throw CapiError(code, what); }
+
+std::string address(const void* ptr) {
+  std::ostringstream s;
+  s << ptr;
+  return s.str();
+}
+
+std::string gib(std::int64_t bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(2)
+    << static_cast<double>(bytes) / static_cast<double>(1ll << 30) << " GiB";
+  return s.str();
+}
+
+// Runs `body`, turning whatever it throws into a status code and the message.
+template <typename Body>
+int guarded(Body&& body) {
+  try {
+    body();
+    t_last_error.clear();
+    return FLASHSTEP_OK;
+  } catch (const CapiError& e) {
+    t_last_error = e.what();
+    return e.code();
+  } catch (const flashstep::Error& e) {  // from a stage's forward: a CUDA failure
+    t_last_error = e.what();
+    return FLASHSTEP_ECUDA;
+  } catch (const std::bad_alloc&) {
+    t_last_error = "out of host memory";
+    return FLASHSTEP_ENOMEM;
+  } catch (const std::exception& e) {
+    t_last_error = std::string("internal error: ") + e.what();
+    return FLASHSTEP_EINTERNAL;
+  } catch (...) {
+    t_last_error = "internal error: unknown exception";
+    return FLASHSTEP_EINTERNAL;
+  }
+}
+
+// The stage a name or number selects; exactly one, or ESTAGE.
+const Stage& find_stage(const char* name) {
+  if (name == nullptr) fail(FLASHSTEP_EINVAL, "stage is NULL");
+  std::vector<const Stage*> found;
+  try {
+    found = flashstep::select_stages(name);
+  } catch (const flashstep::Error& e) {
+    fail(FLASHSTEP_ESTAGE, e.what());
+  }
+  if (found.size() != 1) {
+    std::string names;
+    for (const Stage* s : found) names += (names.empty() ? "" : ", ") + std::string(s->name);
+    fail(FLASHSTEP_ESTAGE, "stage '" + std::string(name) + "' selects " +
+                               std::to_string(found.size()) + " stages (" + names +
+                               "); name exactly one");
+  }
+  return *found.front();
+}
+
+// One tensor argument: its name, pointer and size in bytes.
+struct Tensor {
+  const char* name;
+  const void* ptr;
+  std::int64_t bytes;
+};
+
+bool overlap(const Tensor& a, const Tensor& b) {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.ptr);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.ptr);
+  return a0 < b0 + static_cast<std::uintptr_t>(b.bytes) &&
+         b0 < a0 + static_cast<std::uintptr_t>(a.bytes);
+}
+
+// Clears the runtime's last-error state after a failed call of ours, so the
+// caller's next error check (PyTorch checks after each launch) does not
+// report our failure as its own. Returns the status unchanged.
+cudaError_t cleared(cudaError_t status) {
+  if (status != cudaSuccess) cudaGetLastError();
+  return status;
+}
+
+void cuda_or_fail(cudaError_t status, const std::string& what) {
+  if (cleared(status) != cudaSuccess) {
+    fail(FLASHSTEP_ECUDA, what + ": " + cudaGetErrorString(status));
+  }
+}
+
+// Every tensor must be device memory of the current device, or managed memory.
+void check_device_pointers(const std::vector<Tensor>& tensors) {
+  int device = -1;
+  const cudaError_t status = cleared(cudaGetDevice(&device));
+  if (status != cudaSuccess) {
+    fail(FLASHSTEP_ECUDA, std::string("no usable CUDA device: ") + cudaGetErrorString(status));
+  }
+  for (const Tensor& t : tensors) {
+    cudaPointerAttributes attr{};
+    cuda_or_fail(cudaPointerGetAttributes(&attr, t.ptr),
+                 std::string("cudaPointerGetAttributes(") + t.name + ")");
+    if (attr.type == cudaMemoryTypeManaged) continue;
+    if (attr.type != cudaMemoryTypeDevice) {
+      fail(FLASHSTEP_EINVAL, std::string(t.name) + " (" + address(t.ptr) + ") is " +
+                                 (attr.type == cudaMemoryTypeHost ? "pinned host" : "host") +
+                                 " memory; it must be device or managed memory");
+    }
+    if (attr.device != device) {
+      fail(FLASHSTEP_EINVAL, std::string(t.name) + " is on device " +
+                                 std::to_string(attr.device) + " but the current device is " +
+                                 std::to_string(device));
+    }
+  }
+}
+
+// The stage's scratch memory for one call, allocated and freed in stream order
+// where the device has memory pools, else with cudaMalloc (and a stream sync
+// before the free).
+class Workspace {
+ public:
+  Workspace(const Stage& stage, const Problem& p, cudaStream_t stream) : stream_(stream) {
+    const std::int64_t need = stage.workspace_bytes(p);
+    if (need <= 0) return;
+    const std::int64_t bytes = need + static_cast<std::int64_t>(kWorkspaceAlign);
+    size_t free_bytes = 0, total_bytes = 0;
+    cuda_or_fail(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    if (bytes + kWorkspaceHeadroomBytes > static_cast<std::int64_t>(free_bytes)) {
+      fail(FLASHSTEP_ENOMEM, "stage " + std::string(stage.name) + " needs " + gib(need) +
+                                 " of device workspace for " + p.describe() + ", but only " +
+                                 gib(static_cast<std::int64_t>(free_bytes)) + " is free");
+    }
+    int device = 0, pools = 0;
+    cuda_or_fail(cudaGetDevice(&device), "cudaGetDevice");
+    cuda_or_fail(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device),
+                 "cudaDeviceGetAttribute");
+    async_ = pools != 0;
+    const cudaError_t status = cleared(
+        async_ ? cudaMallocAsync(&raw_, static_cast<size_t>(bytes), stream_)
+               : cudaMalloc(&raw_, static_cast<size_t>(bytes)));
+    if (status != cudaSuccess) {
+      raw_ = nullptr;
+      fail(status == cudaErrorMemoryAllocation ? FLASHSTEP_ENOMEM : FLASHSTEP_ECUDA,
+           "allocating " + gib(need) + " of workspace for stage " + std::string(stage.name) +
+               ": " + cudaGetErrorString(status));
+    }
+    const auto base = reinterpret_cast<std::uintptr_t>(raw_);
+    aligned_ = reinterpret_cast<void*>((base + kWorkspaceAlign - 1) / kWorkspaceAlign *
+                                       kWorkspaceAlign);
+  }
+  ~Workspace() {
+    if (!raw_) return;
+    if (async_) {
+      cleared(cudaFreeAsync(raw_, stream_));
+    } else {
+      cleared(cudaStreamSynchronize(stream_));
+      cleared(cudaFree(raw_));
+    }
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  void* get() const { return aligned_; }
+
+ private:
+  cudaStream_t stream_;
+  bool async_ = false;
+  void* raw_ = nullptr;
+  void* aligned_ = nullptr;
+};
+
+// NUL-terminated copies of every stage's name and title, made once: the
+// registry holds string_views, which C callers cannot read as C strings.
+struct StageStrings {
+  std::vector<std::string> names;
+  std::vector<std::string> titles;
+};
+
+const StageStrings& stage_strings() {
+  static const StageStrings strings = [] {
+    StageStrings out;
+    for (const Stage& s : flashstep::all_stages()) {
+      out.names.emplace_back(s.name);
+      out.titles.emplace_back(s.title);
+    }
+    return out;
+  }();
+  return strings;
+}
+
+void forward(const char* stage_name, const Problem& p, const float* Q, const float* K,
+             const float* V, float* O, float* L, void* stream_handle) {
+  // Checks that need no GPU, in the documented order.
+  const Stage& stage = find_stage(stage_name);
+  try {
+    flashstep::validate(p);
+  } catch (const flashstep::Error& e) {
+    fail(FLASHSTEP_EINVAL, e.what());
+  }
+  const std::int64_t q_bytes = p.q_elems() * flashstep::kElemBytes;
+  const std::int64_t kv_bytes = p.kv_elems() * flashstep::kElemBytes;
+  const std::int64_t lse_bytes = p.lse_elems() * flashstep::kElemBytes;
+  std::vector<Tensor> tensors = {
+      {"Q", Q, q_bytes}, {"K", K, kv_bytes}, {"V", V, kv_bytes}, {"O", O, q_bytes}};
+  for (const Tensor& t : tensors) {
+    if (t.ptr == nullptr) fail(FLASHSTEP_EINVAL, std::string(t.name) + " is NULL");
+  }
+  if (stage.writes_lse) {
+    if (L == nullptr) {
+      fail(FLASHSTEP_EINVAL, "L is NULL but stage " + std::string(stage.name) +
+                                 " writes L [B,H,Nq]; pass a buffer of B*H*Nq floats");
+    }
+    tensors.push_back({"L", L, lse_bytes});
+  }
+  for (const Tensor& t : tensors) {
+    if (reinterpret_cast<std::uintptr_t>(t.ptr) % kElemAlign != 0) {
+      fail(FLASHSTEP_EINVAL, std::string(t.name) + " (" + address(t.ptr) +
+                                 ") is not aligned to 4 bytes (one float)");
+    }
+  }
+  // The outputs (O, and L when written) come after the inputs in `tensors`:
+  // each must overlap nothing before it. Inputs may share memory (Q == K).
+  constexpr size_t kFirstOutput = 3;
+  for (size_t out = kFirstOutput; out < tensors.size(); ++out) {
+    for (size_t other = 0; other < out; ++other) {
+      if (overlap(tensors[out], tensors[other])) {
+        fail(FLASHSTEP_EINVAL, std::string(tensors[out].name) + " overlaps " +
+                                   tensors[other].name + "; outputs need memory of their own");
+      }
+    }
+  }
+
+  // Checks through CUDA, then the run.
+  check_device_pointers(tensors);
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  Workspace workspace(stage, p, stream);
+  flashstep::ForwardTensors t;
+  t.Q = Q;
+  t.K = K;
+  t.V = V;
+  t.O = O;
+  t.L = stage.writes_lse ? L : nullptr;
+  t.workspace = workspace.get();
+  stage.forward(p, t, stream);
+}
+
+}  // namespace
+
+extern "C" {
+
+int flashstep_stage_count(void) {
+  int count = 0;
+  guarded([&] { count = static_cast<int>(flashstep::all_stages().size()); });
+  return count;
+}
+
+const char* flashstep_stage_name(int i) {
+  const char* name = nullptr;
+  guarded([&] {
+    const auto& names = stage_strings().names;
+    if (i >= 0 && static_cast<size_t>(i) < names.size()) {
+      name = names[static_cast<size_t>(i)].c_str();
+    }
+  });
+  return name;
+}
+
+const char* flashstep_stage_title(int i) {
+  const char* title = nullptr;
+  guarded([&] {
+    const auto& titles = stage_strings().titles;
+    if (i >= 0 && static_cast<size_t>(i) < titles.size()) {
+      title = titles[static_cast<size_t>(i)].c_str();
+    }
+  });
+  return title;
+}
+
+int flashstep_stage_writes_lse(const char* stage) {
+  int writes = -1;
+  guarded([&] { writes = find_stage(stage).writes_lse ? 1 : 0; });
+  return writes;
+}
+
+int flashstep_forward(const char* stage, int64_t B, int64_t H, int64_t Nq, int64_t Nk,
+                      int64_t d, int causal, double scale, const float* Q, const float* K,
+                      const float* V, float* O, float* L, void* stream) {
+  return guarded([&] {
+    Problem p;
+    p.B = B;
+    p.H = H;
+    p.Nq = Nq;
+    p.Nk = Nk;
+    p.d = d;
+    p.causal = causal != 0;
+    if (!std::isnan(scale) && scale > 0.0) p.scale = scale;  // +Inf: validate refuses it
+    forward(stage, p, Q, K, V, O, L, stream);
+  });
+}
+
+const char* flashstep_last_error(void) { return t_last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,200 @@
+// The C ABI (libflashstep.so): the registry it exposes, and every argument
+// check it makes before touching the GPU. These run without a CUDA driver: a
+// check made after a CUDA call would return FLASHSTEP_ECUDA there instead.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/stage.h"
+#include "flashstep.h"
+
+namespace {
+
+// A small valid problem and host buffers of the right sizes for it.
+constexpr std::int64_t kB = 2, kH = 3, kNq = 17, kNk = 29, kD = 40;
+
+struct Buffers {
+  std::vector<float> Q = std::vector<float>(kB * kH * kNq * kD);
+  std::vector<float> K = std::vector<float>(kB * kH * kNk * kD);
+  std::vector<float> V = std::vector<float>(kB * kH * kNk * kD);
+  std::vector<float> O = std::vector<float>(kB * kH * kNq * kD);
+  std::vector<float> L = std::vector<float>(kB * kH * kNq);
+};
+
+// One call's arguments, each overridable by a test.
+struct Call {
+  Buffers buf;
+  const char* stage = "05_sequence_parallel";
+  std::int64_t B = kB, H = kH, Nq = kNq, Nk = kNk, d = kD;
+  int causal = 0;
+  double scale = 0.0;
+  const float* Q = buf.Q.data();
+  const float* K = buf.K.data();
+  const float* V = buf.V.data();
+  float* O = buf.O.data();
+  float* L = buf.L.data();
+
+  int run() const {
+    return flashstep_forward(stage, B, H, Nq, Nk, d, causal, scale, Q, K, V, O, L, nullptr);
+  }
+};
+
+std::string last_error() { return flashstep_last_error(); }
+
+template <typename T>
+T* shifted(T* ptr, std::ptrdiff_t bytes) {
+  return reinterpret_cast<T*>(reinterpret_cast<std::uintptr_t>(ptr) + bytes);
+}
+
+}  // namespace
+
+TEST_CASE("capi: stage count, names and titles are the registry's") {
+  const auto& stages = flashstep::all_stages();
+  REQUIRE(flashstep_stage_count() == static_cast<int>(stages.size()));
+  for (int i = 0; i < flashstep_stage_count(); ++i) {
+    CAPTURE(i);
+    REQUIRE(flashstep_stage_name(i) != nullptr);
+    CHECK(std::string(flashstep_stage_name(i)) == stages[static_cast<size_t>(i)].name);
+    CHECK(std::string(flashstep_stage_title(i)) == stages[static_cast<size_t>(i)].title);
+    CHECK(flashstep_stage_writes_lse(flashstep_stage_name(i)) ==
+          (stages[static_cast<size_t>(i)].writes_lse ? 1 : 0));
+  }
+  CHECK(flashstep_stage_name(-1) == nullptr);
+  CHECK(flashstep_stage_name(flashstep_stage_count()) == nullptr);
+  CHECK(flashstep_stage_title(flashstep_stage_count()) == nullptr);
+  CHECK(flashstep_stage_writes_lse("no_such_stage") == -1);
+  CHECK(last_error().find("unknown stage 'no_such_stage'") != std::string::npos);
+}
+
+TEST_CASE("capi: an unknown or ambiguous stage is FLASHSTEP_ESTAGE") {
+  Call c;
+  c.stage = "99_nope";
+  CHECK(c.run() == FLASHSTEP_ESTAGE);
+  CHECK(last_error().rfind("unknown stage '99_nope' (known: 01_naive", 0) == 0);
+  c.stage = "all";
+  CHECK(c.run() == FLASHSTEP_ESTAGE);
+  CHECK(last_error().find("name exactly one") != std::string::npos);
+  c.stage = nullptr;
+  CHECK(c.run() == FLASHSTEP_EINVAL);
+  CHECK(last_error() == "stage is NULL");
+}
+
+TEST_CASE("capi: an invalid problem is FLASHSTEP_EINVAL, named as validate names it") {
+  Call c;
+  SUBCASE("d > 256") {
+    c.d = 300;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "d must be <= 256, got 300");
+  }
+  SUBCASE("Nq = 0") {
+    c.Nq = 0;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "Nq must be >= 1, got 0");
+  }
+  SUBCASE("B < 0") {
+    c.B = -1;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "B must be >= 1, got -1");
+  }
+  SUBCASE("Nk beyond 32 bits") {
+    c.Nk = 3'000'000'000;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("Nk must be <= 2147483647", 0) == 0);
+  }
+  SUBCASE("infinite scale") {
+    c.scale = std::numeric_limits<double>::infinity();
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("scale must be finite", 0) == 0);
+  }
+  SUBCASE("a number that selects a stage works as a name") {
+    c.stage = "5";
+    c.d = 257;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "d must be <= 256, got 257");
+  }
+}
+
+TEST_CASE("capi: null, misaligned and overlapping pointers are FLASHSTEP_EINVAL") {
+  Call c;
+  SUBCASE("null Q") {
+    c.Q = nullptr;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "Q is NULL");
+  }
+  SUBCASE("null O") {
+    c.O = nullptr;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "O is NULL");
+  }
+  SUBCASE("misaligned K") {
+    c.K = shifted(c.K, 2);
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("K (", 0) == 0);
+    CHECK(last_error().find("is not aligned to 4 bytes") != std::string::npos);
+  }
+  SUBCASE("misaligned L") {
+    c.L = shifted(c.L, 1);
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("L (", 0) == 0);
+  }
+  SUBCASE("O on top of Q") {
+    c.O = c.buf.Q.data();
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "O overlaps Q; outputs need memory of their own");
+  }
+  SUBCASE("L inside O") {
+    c.L = c.buf.O.data() + 5;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "L overlaps O; outputs need memory of their own");
+  }
+}
+
+TEST_CASE("capi: L may be NULL only for a stage that writes none") {
+  Call c;
+  c.L = nullptr;
+  c.stage = "02_safe_softmax";
+  CHECK(c.run() == FLASHSTEP_EINVAL);
+  CHECK(last_error() ==
+        "L is NULL but stage 02_safe_softmax writes L [B,H,Nq]; pass a buffer of B*H*Nq floats");
+  // Stage 01 writes no L: the call gets past every host-side check and fails
+  // only on the host buffers (no driver here, or not device memory on a GPU).
+  c.stage = "01_naive";
+  c.L = shifted(c.buf.L.data(), 1);  // not even looked at
+  const int code = c.run();
+  CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+  CHECK(last_error().find("L ") != 0);
+}
+
+TEST_CASE("capi: valid arguments on host memory fail cleanly, with or without a GPU") {
+  Call c;
+  const int code = c.run();
+  CHECK(code != FLASHSTEP_OK);
+  CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+  CHECK_FALSE(last_error().empty());
+  if (code == FLASHSTEP_EINVAL) {
+    CHECK(last_error().find("must be device or managed memory") != std::string::npos);
+  }
+}
+
+TEST_CASE("capi: the last error belongs to the thread that made the call") {
+  Call c;
+  c.d = 300;
+  REQUIRE(c.run() == FLASHSTEP_EINVAL);
+  std::string other;
+  std::thread worker([&] {
+    Call w;
+    w.Q = nullptr;
+    CHECK(w.run() == FLASHSTEP_EINVAL);
+    other = flashstep_last_error();
+  });
+  worker.join();
+  CHECK(other == "Q is NULL");
+  CHECK(last_error() == "d must be <= 256, got 300");
+  // A call that succeeds clears it.
+  CHECK(flashstep_stage_count() > 0);
+  CHECK(last_error().empty());
+}
