@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <string_view>
 
 #include "common/check.h"
 #include "common/reference.h"
@@ -15,7 +16,7 @@ using flashstep::Problem;
 using flashstep::Stage;
 
 namespace {
-const Stage& stage_named(const std::string& name) {
+const Stage& stage_named(std::string_view name) {
   for (const Stage& s : flashstep::all_stages()) {
     if (s.name == name) return s;
   }
