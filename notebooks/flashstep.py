@@ -201,13 +201,16 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
 # |got - want| <= ATOL + RTOL * |want|: the CLI's kFp32Tolerance (common/check.h).
 ATOL, RTOL = 1e-5, 1e-4
 # (B, H, Nq, Nk, d, causal, scale): ragged sizes; Nq > Nk causal leaves rows
-# that see no key (O = 0, L = -inf); d = 256 and a non-default scale.
+# that see no key (O = 0, L = -inf); d = 256 and a non-default scale. The
+# scale stays modest: at 0.3 with d = 256 the logits reach ~40 and fp32
+# rounding of them alone moves O by ~2e-5 in every stage (measured on the
+# H200), more than the absolute part of the bound where O is near 0.
 SELFTEST_PROBLEMS = [
     (2, 3, 97, 113, 59, False, None),
     (2, 3, 97, 113, 59, True, None),
     (1, 2, 130, 67, 64, True, None),
     (2, 1, 1, 239, 128, False, None),
-    (1, 2, 33, 45, 256, True, 0.3),
+    (1, 2, 33, 45, 256, True, 0.1),
 ]
 INPUT_MEAN = 0.5  # common/check.h kInputMean: zero-mean inputs hide errors
 # Stage 01 keeps S [B,H,Nq,Nk] in a workspace: at N = 250000 that is 233 GiB,
