@@ -144,20 +144,23 @@ def traffic_table(rows, stages=None):
     lines = ["HBM traffic in GB under ncu (`--clock-control none`): model = bytes the algorithm "
              "requests; DRAM = `dram__bytes_{read,write}.sum`; requested = "
              "`l1tex__t_bytes_pipe_lsu_mem_global_op_{ld,st}.sum`.", "",
+             "Occupancy = achieved occupancy (`sm__warps_active`), SM active = share of the "
+             "kernel's time the SMs were busy (`sm__cycles_active`, idle SMs pull it down).", "",
              "| stage | N | d | model read | DRAM read | requested read | model write "
-             "| DRAM write | requested write | DRAM / model |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| DRAM write | requested write | DRAM / model | occupancy % | SM active % |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in sel:
         if not r["dram_read"]:
             lines.append(f"| {r['stage']} | {r['N']} | {r['d']} | {gb(r['model_read'])} | "
-                         f"counters unavailable: {r['note']} | | | | | |")
+                         f"counters unavailable: {r['note']} | | | | | | | |")
             continue
         model = int(r["model_read"]) + int(r["model_write"])
         dram = int(r["dram_read"]) + int(r["dram_write"])
         lines.append(
             f"| {r['stage']} | {r['N']} | {r['d']} | {gb(r['model_read'])} | {gb(r['dram_read'])} | "
             f"{gb(r['requested_read'])} | {gb(r['model_write'])} | {gb(r['dram_write'])} | "
-            f"{gb(r['requested_write'])} | {dram / model:.2f} |")
+            f"{gb(r['requested_write'])} | {dram / model:.2f} | {r.get('occupancy_pct', '')} | "
+            f"{r.get('sm_active_pct', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -208,7 +211,10 @@ def main():
             parts.append(t)
         if parts:
             parts.append(provenance(fwd or traffic, "forward.csv" if fwd else "traffic.csv"))
-        edits[path] = [("results", "\n".join(parts) + ("\n" if parts else ""))]
+        # A stage README may also carry the whole sweep with the peers
+        # (stage 06 does: its target is the fp32 peer).
+        edits[path] = [("results", "\n".join(parts) + ("\n" if parts else "")),
+                       ("results:forward", body_fwd)]
 
     stale = []
     for path, subs in edits.items():
