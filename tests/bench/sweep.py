@@ -9,6 +9,7 @@ output CSV with the GPU, driver, date and commit, and progress goes to stderr.
 
     python3 tests/bench/sweep.py --flashstep build/stages/cli/flashstep \
         --out docs/results/forward.csv [--N 1024 2048] [--d 64] [--stage 02,04]
+    python3 tests/bench/sweep.py --flashstep ... --long --out docs/results/long.csv
 """
 import argparse
 import csv
@@ -22,7 +23,11 @@ import time
 HIDDEN = 2048          # model width of the paper's sweep: H = HIDDEN / d
 TOKENS = 16384         # tokens per batch in the paper's sweep: B = TOKENS / N
 LONG_N = 8192          # from here on, fewer timed runs: one run takes seconds
-ITERS = {"short": (2, 10), "long": (1, 5)}  # (warm-up, timed runs)
+ITERS = {"short": (2, 10), "long": (1, 5), "single": (0, 3)}  # (warm-up, timed runs)
+# The long-sequence, small-batch point (--long): one head group of a long
+# document, where only sequence parallelism can fill the GPU. One run of the
+# slow stages takes seconds here, so it gets the fewest repeats.
+LONG_POINT = {"B": 1, "H": 4, "N": 65536}
 
 
 def gpu_facts():
@@ -45,6 +50,8 @@ def main():
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--stage", default="all", help="flashstep --stage selector")
+    ap.add_argument("--long", action="store_true",
+                    help="only the long point B=1 H=4 N=65536 (for each d, causal and not)")
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     args = ap.parse_args()
 
@@ -52,12 +59,19 @@ def main():
     meta["date"] = datetime.date.today().isoformat()
     meta["commit"] = args.commit
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
-    problems = [(N, d, c) for d in args.d for c in causals for N in args.N]
+    if args.long:
+        problems = [(LONG_POINT["N"], d, c) for d in args.d for c in causals]
+    else:
+        problems = [(N, d, c) for d in args.d for c in causals for N in args.N]
 
     rows, failures = [], 0
     for k, (N, d, causal) in enumerate(problems, 1):
-        B, H = TOKENS // N, HIDDEN // d
-        warmup, iters = ITERS["long" if N >= LONG_N else "short"]
+        if args.long:
+            B, H = LONG_POINT["B"], LONG_POINT["H"]
+            warmup, iters = ITERS["single"]
+        else:
+            B, H = TOKENS // N, HIDDEN // d
+            warmup, iters = ITERS["long" if N >= LONG_N else "short"]
         cmd = [args.flashstep, "--stage", args.stage, "--B", str(B), "--H", str(H),
                "--N", str(N), "--d", str(d), "--format", "csv",
                "--warmup", str(warmup), "--iters", str(iters)]
