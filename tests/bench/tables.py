@@ -164,6 +164,29 @@ def traffic_table(rows, stages=None):
     return "\n".join(lines) + "\n"
 
 
+def long_table(rows):
+    """The long-sequence, small-batch point (sweep.py --long), every stage."""
+    if not rows:
+        return ""
+    r0 = rows[0]
+    lines = [f"**B = {r0['B']}, H = {r0['H']}, N = {r0['Nq']}** (median ms and TFLOP/s; "
+             "4·B·H·N²·d, halved if causal)", "",
+             "| stage | d = 64 | d = 64 causal | d = 128 | d = 128 causal |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for stage in dict.fromkeys(r["stage"] for r in rows):
+        cells = []
+        for d, causal in (("64", "0"), ("64", "1"), ("128", "0"), ("128", "1")):
+            hit = [r for r in rows if r["stage"] == stage and r["d"] == d and r["causal"] == causal]
+            if hit and hit[0]["median ms"]:
+                ms = float(hit[0]["median ms"])
+                ms_text = f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
+                cells.append(f"{ms_text} ms ({float(hit[0]['TFLOP/s']):.2f})")
+            else:
+                cells.append("–")
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + provenance(rows, "long.csv") + "\n"
+
+
 def replace_between(text, tag, body):
     pattern = re.compile(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", re.S)
     if not pattern.search(text):
@@ -196,7 +219,8 @@ def main():
                       file=sys.stderr)
     body_traffic = (traffic_table(traffic) + "\n" + provenance(traffic, "traffic.csv") + "\n"
                     if traffic else "")
-    edits[readme] = [("results:forward", body_fwd), ("results:traffic", body_traffic)]
+    edits[readme] = [("results:forward", body_fwd), ("results:traffic", body_traffic),
+                     ("results:long", long_table(read("long.csv")))]
 
     for folder in sorted(os.listdir(os.path.join(ROOT, "stages"))):
         path = os.path.join(ROOT, "stages", folder, "README.md")
