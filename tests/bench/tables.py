@@ -164,6 +164,21 @@ def traffic_table(rows, stages=None):
     return "\n".join(lines) + "\n"
 
 
+def glance_table(rows, N=4096, d=64):
+    """One reference problem, every stage: modelled HBM bytes beside the time."""
+    sel = [r for r in rows if int(r["Nq"]) == N and int(r["d"]) == d and r["causal"] == "0"]
+    if not sel:
+        return ""
+    lines = [f"At N = {N}, d = {d}, B = {sel[0]['B']}, H = {sel[0]['H']}, non-causal:", "",
+             "| stage | HBM bytes (model) | median ms | TFLOP/s |",
+             "| --- | ---: | ---: | ---: |"]
+    for r in sel:
+        hbm = int(r["HBM read"]) + int(r["HBM write"])
+        lines.append(f"| {r['stage']} | {hbm / 1e9:.1f} GB | {float(r['median ms']):.3g} | "
+                     f"{float(r['TFLOP/s']):.1f} |")
+    return "\n".join(lines) + "\n\n" + provenance(rows, "forward.csv") + "\n"
+
+
 def long_table(rows):
     """The long-sequence, small-batch point (sweep.py --long), every stage."""
     if not rows:
@@ -220,7 +235,8 @@ def main():
     body_traffic = (traffic_table(traffic) + "\n" + provenance(traffic, "traffic.csv") + "\n"
                     if traffic else "")
     edits[readme] = [("results:forward", body_fwd), ("results:traffic", body_traffic),
-                     ("results:long", long_table(read("long.csv")))]
+                     ("results:long", long_table(read("long.csv"))),
+                     ("results:glance", glance_table(fwd))]
 
     for folder in sorted(os.listdir(os.path.join(ROOT, "stages"))):
         path = os.path.join(ROOT, "stages", folder, "README.md")
