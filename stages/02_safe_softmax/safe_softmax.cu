@@ -31,6 +31,7 @@ __global__ void softmax_kernel(float* __restrict__ S, float* __restrict__ L, std
                                int Nk) {
   __shared__ float scratch[kWarpSize];
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    // BEGIN ASSIGNMENT: the safe softmax of row r in place: m = rowmax (block_reduce with MaxOp), l = sum exp(S - m), P = exp(S - m) / l, and L[r] = m + log(l); a row that sees no key (m = -inf) gives P = 0, L = -inf
     float* row = S + r * Nk;
     float m = -INFINITY;
     for (int j = threadIdx.x; j < Nk; j += blockDim.x) m = fmaxf(m, row[j]);
@@ -44,6 +45,7 @@ __global__ void softmax_kernel(float* __restrict__ S, float* __restrict__ L, std
     const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
     for (int j = threadIdx.x; j < Nk; j += blockDim.x) row[j] = expf(row[j] - m_safe) * inv_l;
     if (threadIdx.x == 0) L[r] = l > 0.0f ? m + logf(l) : -INFINITY;
+    // END ASSIGNMENT
   }
 }
 

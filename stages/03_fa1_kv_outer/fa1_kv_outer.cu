@@ -321,6 +321,7 @@ __global__ void __launch_bounds__(kThreads)
 
 #pragma unroll
         for (int a = 0; a < T::kRows; ++a) {
+          // BEGIN ASSIGNMENT: lines 10-12 for row a: m~_ij and l~_ij (row_reduce over the half-warp), m_new, l_new, P_ij = e^(m~_ij - m_new) / l_new * P~_ij into shared memory, O_i *= l_i e^(m_i - m_new) / l_new; update l_i, m_i
           // Line 10: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij).
           // A row with no visible key here has m~_ij = -inf: subtracting 0
           // instead keeps P~_ij = exp(-inf) = 0 rather than exp(NaN).
@@ -367,6 +368,7 @@ __global__ void __launch_bounds__(kThreads)
           }
           l_i[a] = l_new;
           m_i[a] = m_new;
+          // END ASSIGNMENT
         }
         // P_ij complete; after this barrier nobody reads Qi in this step.
         __syncthreads();

@@ -162,6 +162,7 @@ Cost mirror(const Problem& p, const HostTensors& t) {
         }
 
         for (std::int64_t r = 0; r < rows; ++r) {
+          // BEGIN ASSIGNMENT: lines 10-12 of Algorithm 1 for each row r: m~_ij, P~_ij, l~_ij; m_new, l_new; write diag(l_new)^-1 e^(m~_ij - m_new) P~_ij to P_ij and rescale O_i; update l_i, m_i (all through chip)
           float* S = &S_ij[r * Bc];  // this row, turned into P~_ij in place
           // Line 10: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij),
           // l~_ij = rowsum(P~_ij); against 0 when no key is visible (m~_ij = -inf).
@@ -194,6 +195,7 @@ Cost mirror(const Problem& p, const HostTensors& t) {
           for (std::int64_t k = 0; k < d; ++k) O_i[r * d + k] = chip.mul(o_factor, O_i[r * d + k]);
           l_i[r] = l_new;
           m_i[r] = m_new;
+          // END ASSIGNMENT
         }
 
         // Line 12: O_i += P_ij Vj (the kernel's barrier separates this from the above).

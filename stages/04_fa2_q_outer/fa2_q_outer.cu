@@ -57,9 +57,11 @@ __global__ void __launch_bounds__(kThreads, Layout<kHeadDim>::kMinBlocksPerSM)
   extern __shared__ float4 smem_vec[];  // float4: 16-byte alignment for float4 tile accesses
   float* smem = reinterpret_cast<float*>(smem_vec);
   const int Tr = (p.Nq - 1) / kBr + 1;  // not (Nq + Br - 1) / Br: Nq may be near 2^31
+  // BEGIN ASSIGNMENT: line 3: for each head bh of this block (grid-stride over gridDim.x), every Q block i = 0..Tr-1 through attend_q_block<kHeadDim>(p, bh, i, smem)
   for (std::int64_t bh = blockIdx.x; bh < p.heads; bh += gridDim.x) {
     for (int i = 0; i < Tr; ++i) attend_q_block<kHeadDim>(p, bh, i, smem);
   }
+  // END ASSIGNMENT
 }
 
 template <int kHeadDim>

@@ -136,6 +136,7 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
       }
     }
 
+    // BEGIN ASSIGNMENT: lines 9-10 (first half) of Algorithm 1 for each row r: m_new, P~_ij into P_tilde_ij, l_i, and O~_i rescaled by e^(m_old - m_new); count every FLOP through chip
     for (std::int64_t r = 0; r < R; ++r) {
       float* S_r = &S_ij[static_cast<size_t>(r * C)];
       float* O_r = &O_tilde[static_cast<size_t>(r * d)];
@@ -158,6 +159,7 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
       // Line 10, first half: O~_i = diag(e^(m_old - m_new)) O~_i.
       for (std::int64_t k = 0; k < d; ++k) O_r[k] = chip.mul(O_r[k], alpha);
     }
+    // END ASSIGNMENT
     // Line 10, second half: O~_i += P~_ij Vj, keys in order like the kernel.
     for (std::int64_t r = 0; r < R; ++r) {
       for (std::int64_t c = 0; c < C; ++c) {

@@ -65,11 +65,13 @@ __global__ void __launch_bounds__(kThreads, Layout<kHeadDim>::kMinBlocksPerSM)
     sequence_parallel_kernel(const Params p) {
   extern __shared__ float4 smem_vec[];  // float4: 16-byte alignment for float4 tile accesses
   float* smem = reinterpret_cast<float*>(smem_vec);
+  // BEGIN ASSIGNMENT: map this thread block to its Q block i (grid x, heaviest first: i = Tr - 1 - blockIdx.x) and its heads (grid y, grid-stride) and run attend_q_block<kHeadDim>(p, bh, i, smem)
   const int Tr = (p.Nq - 1) / kBr + 1;  // not (Nq + Br - 1) / Br: Nq may be near 2^31
   const int i = Tr - 1 - static_cast<int>(blockIdx.x);  // heaviest Q blocks first (above)
   for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y) {
     attend_q_block<kHeadDim>(p, bh, i, smem);
   }
+  // END ASSIGNMENT
 }
 
 template <int kHeadDim>

@@ -240,6 +240,7 @@ __device__ void split_q_block(const Params& p, std::int64_t bh, int i, float* sm
           m_new = fmaxf(m_new, S_ij[rr][cc]);
         }
         m_new = reduce_row(m_new, MaxOp{});
+        // BEGIN ASSIGNMENT: line 9-10 for row rr of this lane: P~_ij = exp2(S_ij - m_new) in S_ij (against 0 when m_new = -inf), this lane's share of l_i rescaled and summed, O_tilde[rr] *= e^(m_i - m_new), m_i[rr] = m_new
         // Line 9: P~_ij = exp(S_ij - m_new), l_i = e^(m_i - m_new) l_i + rowsum(P~_ij);
         // line 10's rescale of O~_i by the same factor. A row that has seen no
         // key yet has m_new = -inf: subtracting 0 instead keeps exp(-inf - -inf)
@@ -256,6 +257,7 @@ __device__ void split_q_block(const Params& p, std::int64_t bh, int i, float* sm
         l_i[rr] = alpha * l_i[rr] + rowsum;
 #pragma unroll
         for (int c = 0; c < T::kOCols; ++c) O_tilde[rr][c] *= alpha;
+        // END ASSIGNMENT
       }
       // P~_ij^T to my warp's slice. The previous tile's reads of it ended
       // before the last barrier, and the barrier below publishes it.

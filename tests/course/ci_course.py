@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""CI for the course kit (CTest label `course`, CPU only).
+
+    ci_course.py paste    --source DIR --work DIR [--generator G] [--cuda-compiler NVCC]
+    ci_course.py starters --source DIR --work DIR [...]
+
+paste: starter.py 04 --solution (the project's stage, renamed, core pasted
+back) must pass its student CPU test; then each planted bug (a missing rescale,
+an off-by-one in the causal mask, an unwritten tail) must make the grader fail
+with a readable report. One scratch build, only the targets needed.
+starters: every assignment's starter (02 .. 06, cores cut) builds.
+"""
+import argparse
+import pathlib
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+STUDENT = "99_ci"
+REFERENCE = "04_fa2_q_outer"
+MIRROR = "fa2_q_outer_mirror.cpp"
+# (name, file, reference text, planted text, what the report must say)
+BUGS = [
+    ("missing rescale", MIRROR,
+     "for (std::int64_t k = 0; k < d; ++k) O_r[k] = chip.mul(O_r[k], alpha);",
+     "// (rescale of O~_i forgotten)",
+     "O differs from the fp64 reference"),
+    ("off-by-one causal mask", MIRROR,
+     "S_ij[static_cast<size_t>(r * C + c)] = c < visible ? s : -kInf;",
+     "S_ij[static_cast<size_t>(r * C + c)] = c <= visible ? s : -kInf;",
+     "only causal cases fail"),
+    ("unwritten tail", MIRROR,
+     "for (std::int64_t i = 0; i < q_blocks(p); ++i) attend_q_block(",
+     "for (std::int64_t i = 0; i < p.Nq / kBr; ++i) attend_q_block(",
+     "were never written"),
+]
+STARTERS = ["02", "03", "04", "05", "06"]
+
+
+def run(cmd, **kw):
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.run([str(c) for c in cmd], text=True, **kw)
+
+
+def configure(a, build, extra, only):
+    cmd = ["cmake", "-S", a.source, "-B", build, "-G", a.generator, "-DCMAKE_BUILD_TYPE=Release",
+           "-DCMAKE_CUDA_ARCHITECTURES=90", f"-DFLASHSTEP_EXTRA_STAGES={';'.join(map(str, extra))}",
+           f"-DFLASHSTEP_STAGES_ONLY={only}"]
+    if a.cuda_compiler:
+        cmd.append(f"-DCMAKE_CUDA_COMPILER={a.cuda_compiler}")
+    if run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+        sys.exit("configure failed")
+
+
+def build(build_dir, *targets):
+    r = run(["cmake", "--build", build_dir, "--target", *targets])
+    if r.returncode != 0:
+        sys.exit(f"build of {' '.join(targets)} failed")
+
+
+def grade(build_dir, work, tag):
+    report = work / f"report_{tag}.json"
+    r = run([build_dir / "tests" / "flashstep_grade", f"--stage={STUDENT}", "--mode=cpu",
+             f"--json={report}"], capture_output=True)
+    print(r.stdout[-6000:], r.stderr, sep="")
+    return r.returncode, r.stdout, report
+
+
+def paste(a, work):
+    src = work / "src"
+    student = src / STUDENT
+    if run([sys.executable, HERE / "starter.py", REFERENCE, student, "--solution", "--force"]).returncode:
+        sys.exit("starter.py failed")
+    b = work / "build-paste"
+    configure(a, b, [student], REFERENCE)
+    build(b, "flashstep_grade")
+    failures = []
+    rc, out, report = grade(b, work, "pasted")
+    if rc != 0 or "verdict: PASS" not in out or not report.exists():
+        failures.append(f"the pasted reference core should pass (exit {rc})")
+    # The student's own CTest test runs the same check under the label student.
+    r = run(["ctest", "--test-dir", b, "-L", "student", "-R", f"^cpu\\.{STUDENT}$", "--output-on-failure"],
+            capture_output=True)
+    if r.returncode != 0 or f"cpu.{STUDENT}" not in r.stdout:
+        failures.append("ctest -L student did not run and pass cpu." + STUDENT)
+    mirror = student / MIRROR
+    good = mirror.read_text()
+    try:
+        for name, _, old, new, expect in BUGS:
+            if good.count(old) != 1:
+                failures.append(f"bug '{name}': the reference text is gone from {MIRROR}; update BUGS")
+                continue
+            mirror.write_text(good.replace(old, new))
+            build(b, "flashstep_grade")
+            rc, out, _ = grade(b, work, name.replace(" ", "_"))
+            if rc != 1 or "verdict: FAIL" not in out:
+                failures.append(f"bug '{name}': the grader did not fail (exit {rc})")
+            elif expect not in out:
+                failures.append(f"bug '{name}': the report does not say '{expect}'")
+            else:
+                print(f"course: planted bug '{name}' caught: report says '{expect}'")
+    finally:
+        mirror.write_text(good)
+    return failures
+
+
+def starters(a, work):
+    src = work / "src-starters"
+    folders = []
+    for ref in STARTERS:
+        out = src / f"98_starter_{ref}"
+        if run([sys.executable, HERE / "starter.py", ref, out, "--force"]).returncode:
+            sys.exit(f"starter.py {ref} failed")
+        folders.append(out)
+    b = work / "build-starters"
+    # Only the starters' own libraries: they must compile; they are not linked
+    # into a registry here (their tests would fail: the cores are missing).
+    configure(a, b, folders, REFERENCE)
+    build(b, *[f"stage_{f.name}" for f in folders])
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("check", choices=["paste", "starters"])
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--generator", default="Ninja")
+    ap.add_argument("--cuda-compiler", default="")
+    a = ap.parse_args()
+    work = pathlib.Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    failures = paste(a, work) if a.check == "paste" else starters(a, work)
+    print(f"course.{a.check}: {time.time() - t0:.0f} s")
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
