@@ -27,6 +27,11 @@ Inputs random_inputs(const Problem& p, std::uint64_t seed) {
   return in;
 }
 
+std::vector<float> random_output_grad(const Problem& p, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  return normal_vector(p.q_elems(), rng);
+}
+
 std::string Comparison::summary() const {
   std::ostringstream s;
   s.precision(3);

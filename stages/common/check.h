@@ -24,6 +24,12 @@ inline constexpr float kInputMean = 0.5f;
 /// Q, K, V drawn from Normal(kInputMean, 1) with a fixed seed (same seed, same data).
 Inputs random_inputs(const Problem& p, std::uint64_t seed);
 
+/// The backward's input dO [B, H, Nq, d]: the gradient of the loss in O, drawn
+/// from Normal(kInputMean, 1) like the inputs, from its own seed. A nonzero
+/// mean makes dP and D = rowsum(dO o O) large and close, so dS = P o (dP - D)
+/// carries the cancellation a real backward must survive.
+std::vector<float> random_output_grad(const Problem& p, std::uint64_t seed);
+
 /// Elementwise bound |got - want| <= atol + rtol * |want|.
 struct Tolerance {
   double atol;  ///< absolute part: matters where the reference is near 0

@@ -8,17 +8,13 @@ namespace flashstep {
 
 namespace {
 using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstFloatMap =
-    Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-}  // namespace
+template <typename T>
+using ConstMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
-ReferenceResult reference_forward(const Problem& p, const float* Q, const float* K,
-                                  const float* V) {
-  return reference_forward_rows(p, Q, K, V, 1);
-}
-
-ReferenceResult reference_forward_rows(const Problem& p, const float* Q, const float* K,
-                                       const float* V, std::int64_t row_step) {
+// Rows 0, row_step, 2 row_step, ... of every head; the rest stay NaN.
+template <typename T>
+ReferenceResult forward_rows(const Problem& p, const T* Q, const T* K, const T* V,
+                             std::int64_t row_step) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   ReferenceResult r;
   r.O.assign(static_cast<size_t>(p.q_elems()), nan);
@@ -26,8 +22,8 @@ ReferenceResult reference_forward_rows(const Problem& p, const float* Q, const f
   const double scale = p.softmax_scale();
 
   for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
-    const Matrix Kh = ConstFloatMap(K + bh * p.Nk * p.d, p.Nk, p.d).cast<double>();
-    const Matrix Vh = ConstFloatMap(V + bh * p.Nk * p.d, p.Nk, p.d).cast<double>();
+    const Matrix Kh = ConstMap<T>(K + bh * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+    const Matrix Vh = ConstMap<T>(V + bh * p.Nk * p.d, p.Nk, p.d).template cast<double>();
     for (std::int64_t i = 0; i < p.Nq; i += row_step) {
       Eigen::Map<Eigen::RowVectorXd> Oi(r.O.data() + (bh * p.Nq + i) * p.d, p.d);
       double& Li = r.L[static_cast<size_t>(bh * p.Nq + i)];
@@ -38,7 +34,7 @@ ReferenceResult reference_forward_rows(const Problem& p, const float* Q, const f
         continue;
       }
       const Eigen::RowVectorXd qi =
-          ConstFloatMap(Q + (bh * p.Nq + i) * p.d, 1, p.d).cast<double>();
+          ConstMap<T>(Q + (bh * p.Nq + i) * p.d, 1, p.d).template cast<double>();
       const Eigen::RowVectorXd s = scale * (qi * Kh.topRows(visible).transpose());
       const double m = s.maxCoeff();
       const Eigen::RowVectorXd e = (s.array() - m).exp().matrix();
@@ -48,6 +44,64 @@ ReferenceResult reference_forward_rows(const Problem& p, const float* Q, const f
     }
   }
   return r;
+}
+
+template <typename T>
+ReferenceGradients backward(const Problem& p, const T* Q, const T* K, const T* V, const T* dO) {
+  ReferenceGradients g;
+  g.dQ.assign(static_cast<size_t>(p.q_elems()), 0.0);
+  g.dK.assign(static_cast<size_t>(p.kv_elems()), 0.0);
+  g.dV.assign(static_cast<size_t>(p.kv_elems()), 0.0);
+  const double scale = p.softmax_scale();
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    const Matrix Qh = ConstMap<T>(Q + bh * p.Nq * p.d, p.Nq, p.d).template cast<double>();
+    const Matrix Kh = ConstMap<T>(K + bh * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+    const Matrix Vh = ConstMap<T>(V + bh * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+    const Matrix dOh = ConstMap<T>(dO + bh * p.Nq * p.d, p.Nq, p.d).template cast<double>();
+    // P, row by row with the max subtracted; masked keys and empty rows give 0.
+    Matrix P = Matrix::Zero(p.Nq, p.Nk);
+    for (std::int64_t i = 0; i < p.Nq; ++i) {
+      const std::int64_t visible = p.visible_keys(i);
+      if (visible == 0) continue;
+      const Eigen::RowVectorXd s = scale * (Qh.row(i) * Kh.topRows(visible).transpose());
+      const Eigen::RowVectorXd e = (s.array() - s.maxCoeff()).exp().matrix();
+      P.row(i).head(visible) = e / e.sum();
+    }
+    const Matrix O = P * Vh;
+    const Matrix dP = dOh * Vh.transpose();
+    const Eigen::VectorXd D = (dOh.array() * O.array()).rowwise().sum().matrix();
+    const Matrix dS = (P.array() * (dP.colwise() - D).array()).matrix();
+    Eigen::Map<Matrix>(g.dQ.data() + bh * p.Nq * p.d, p.Nq, p.d) = scale * dS * Kh;
+    Eigen::Map<Matrix>(g.dK.data() + bh * p.Nk * p.d, p.Nk, p.d) = scale * dS.transpose() * Qh;
+    Eigen::Map<Matrix>(g.dV.data() + bh * p.Nk * p.d, p.Nk, p.d) = P.transpose() * dOh;
+  }
+  return g;
+}
+}  // namespace
+
+ReferenceResult reference_forward(const Problem& p, const float* Q, const float* K,
+                                  const float* V) {
+  return forward_rows(p, Q, K, V, 1);
+}
+
+ReferenceResult reference_forward(const Problem& p, const double* Q, const double* K,
+                                  const double* V) {
+  return forward_rows(p, Q, K, V, 1);
+}
+
+ReferenceResult reference_forward_rows(const Problem& p, const float* Q, const float* K,
+                                       const float* V, std::int64_t row_step) {
+  return forward_rows(p, Q, K, V, row_step);
+}
+
+ReferenceGradients reference_backward(const Problem& p, const float* Q, const float* K,
+                                      const float* V, const float* dO) {
+  return backward(p, Q, K, V, dO);
+}
+
+ReferenceGradients reference_backward(const Problem& p, const double* Q, const double* K,
+                                      const double* V, const double* dO) {
+  return backward(p, Q, K, V, dO);
 }
 
 }  // namespace flashstep

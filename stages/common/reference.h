@@ -22,6 +22,29 @@ struct ReferenceResult {
 ReferenceResult reference_forward(const Problem& p, const float* Q, const float* K,
                                   const float* V);
 
+/// The same from double inputs (for finite differences, which need more than
+/// fp32's digits in the inputs themselves).
+ReferenceResult reference_forward(const Problem& p, const double* Q, const double* K,
+                                  const double* V);
+
+/// dQ, dK and dV of the loss sum(O o dO), in double.
+struct ReferenceGradients {
+  std::vector<double> dQ;  ///< [B, H, Nq, d]
+  std::vector<double> dK;  ///< [B, H, Nk, d]
+  std::vector<double> dV;  ///< [B, H, Nk, d]
+};
+
+/// The backward of attention, in double, by the textbook formulas with P
+/// recomputed: dV = P^T dO, dP = dO V^T, D = rowsum(dO o O),
+/// dS = P o (dP - D), dQ = scale dS K, dK = scale dS^T Q. A row that sees no
+/// key has P = 0 and contributes nothing. dO [B,H,Nq,d], host fp32.
+ReferenceGradients reference_backward(const Problem& p, const float* Q, const float* K,
+                                      const float* V, const float* dO);
+
+/// The same from double inputs.
+ReferenceGradients reference_backward(const Problem& p, const double* Q, const double* K,
+                                      const double* V, const double* dO);
+
 /// The same for query rows 0, row_step, 2*row_step, ... of every head only
 /// (other rows of O and L are NaN), so large problems can be spot-checked in
 /// O(rows * Nk * d) time and O(Nk * d) extra memory.

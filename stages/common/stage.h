@@ -42,6 +42,38 @@ struct HostTensors {
   float* L = nullptr;        ///< [B, H, Nq]
 };
 
+/// Device pointers of one backward run, made after the forward ran on the same
+/// Q, K, V (its O, L and workspace are what the backward reads). All fp32,
+/// row-major, contiguous. The loss is sum(O o dO), so dO is its gradient in O.
+struct BackwardTensors {
+  const float* Q = nullptr;   ///< [B, H, Nq, d]
+  const float* K = nullptr;   ///< [B, H, Nk, d]
+  const float* V = nullptr;   ///< [B, H, Nk, d]
+  const float* O = nullptr;   ///< [B, H, Nq, d], the forward's output
+  const float* L = nullptr;   ///< [B, H, Nq], the forward's logsumexp
+  const float* dO = nullptr;  ///< [B, H, Nq, d], dLoss/dO
+  float* dQ = nullptr;        ///< [B, H, Nq, d], written
+  float* dK = nullptr;        ///< [B, H, Nk, d], written
+  float* dV = nullptr;        ///< [B, H, Nk, d], written
+  /// The forward's workspace as the forward left it: what a stage saves for its
+  /// backward, as autograd saves tensors (stage 02: P). Read only.
+  const void* saved = nullptr;
+  void* workspace = nullptr;  ///< Stage::backward_workspace_bytes(problem) bytes, 256-byte aligned
+};
+
+/// Host pointers for a CPU mirror of a backward pass: the same layout.
+struct HostBackwardTensors {
+  const float* Q = nullptr;   ///< [B, H, Nq, d]
+  const float* K = nullptr;   ///< [B, H, Nk, d]
+  const float* V = nullptr;   ///< [B, H, Nk, d]
+  const float* O = nullptr;   ///< [B, H, Nq, d]
+  const float* L = nullptr;   ///< [B, H, Nq]
+  const float* dO = nullptr;  ///< [B, H, Nq, d]
+  float* dQ = nullptr;        ///< [B, H, Nq, d]
+  float* dK = nullptr;        ///< [B, H, Nk, d]
+  float* dV = nullptr;        ///< [B, H, Nk, d]
+};
+
 /// Launches the stage's kernel(s) on `stream`. Throws flashstep::Error on an
 /// invalid problem or a CUDA error; never returns silently without output.
 using ForwardFn = void (*)(const Problem&, const ForwardTensors&, Stream);
@@ -52,6 +84,11 @@ using ModelFn = Cost (*)(const Problem&);
 /// Runs the stage's algorithm on the host, same loops and tiles as the kernel,
 /// writing O and L and returning what it counted.
 using MirrorFn = Cost (*)(const Problem&, const HostTensors&);
+/// Launches the stage's backward kernel(s) on `stream`: dQ, dK and dV from
+/// Q, K, V, O, L, dO and what the forward saved. Throws like ForwardFn.
+using BackwardFn = void (*)(const Problem&, const BackwardTensors&, Stream);
+/// The backward's algorithm on the host, writing dQ, dK, dV and counting.
+using BackwardMirrorFn = Cost (*)(const Problem&, const HostBackwardTensors&);
 
 /// One registered stage (or a variant of one, such as 06's split-K).
 struct Stage {
@@ -62,6 +99,10 @@ struct Stage {
   WorkspaceFn workspace_bytes = nullptr;  ///< scratch it needs
   ModelFn model = nullptr;       ///< traffic and FLOPs, closed form
   MirrorFn mirror = nullptr;     ///< CPU mirror, or null when the stage has none
+  BackwardFn backward = nullptr;  ///< the GPU backward pass, or null when the stage has none
+  WorkspaceFn backward_workspace_bytes = nullptr;  ///< scratch the backward needs
+  ModelFn backward_model = nullptr;  ///< the backward's traffic and FLOPs, closed form
+  BackwardMirrorFn backward_mirror = nullptr;  ///< CPU mirror of the backward, or null
   std::string_view known_failure;  ///< empty, or what it knowingly gets wrong
 };
 
