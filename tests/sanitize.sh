@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over every selected stage at two ragged shapes, causal and
 # not: memcheck, racecheck, initcheck, synccheck. Each run launches the stage
-# once (--iters 0). Prints one line per run and a summary; exits non-zero on
+# once (--iters 0), and its backward too when it has one (--backward). Prints one line per run and a summary; exits non-zero on
 # any finding.
 #   bash tests/sanitize.sh BUILD_DIR [stage selector, default all] [tools...]
 set -uo pipefail
@@ -12,24 +12,27 @@ tools=("$@")
 [ ${#tools[@]} -gt 0 ] || tools=(memcheck racecheck initcheck synccheck)
 exe="$build/stages/cli/flashstep"
 names=$("$exe" model --stage "$stages" --format csv | tail -n +2 | cut -d, -f1)
+with_backward=" $("$exe" model --backward --format csv 2>/dev/null | tail -n +2 | cut -d, -f1 | tr '\n' ' ')"
 shapes=("--B 1 --H 2 --Nq 113 --Nk 203 --d 40" "--B 2 --H 1 --Nq 239 --Nk 97 --d 128")
 runs=0 bad=0
 for stage in $names; do
   for shape in "${shapes[@]}"; do
     for causal in "" "--causal"; do
+      backward=""
+      [[ "$with_backward" == *" $stage "* ]] && backward="--backward"
       for tool in "${tools[@]}"; do
         # shellcheck disable=SC2086
         log=$(compute-sanitizer --tool "$tool" --error-exitcode 99 \
-              "$exe" --stage "$stage" $shape $causal --iters 0 --no-check 2>&1)
+              "$exe" --stage "$stage" $shape $causal $backward --iters 0 --no-check 2>&1)
         rc=$?
         runs=$((runs + 1))
         summary=$(grep -m1 "ERROR SUMMARY\|RACECHECK SUMMARY" <<<"$log")
         if [ $rc -ne 0 ]; then
           bad=$((bad + 1))
-          echo "FINDING $tool $stage $shape $causal (exit $rc): $summary"
+          echo "FINDING $tool $stage $shape $causal $backward (exit $rc): $summary"
           grep -m5 -E "Invalid|Race|Uninitialized|Barrier|error" <<<"$log" | sed 's/^/    /'
         else
-          echo "clean   $tool $stage $shape $causal: $summary"
+          echo "clean   $tool $stage $shape $causal $backward: $summary"
         fi
       done
     done

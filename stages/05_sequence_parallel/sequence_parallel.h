@@ -30,6 +30,26 @@ std::int64_t workspace_bytes(const Problem& p);
 /// whenever B * H <= 65535).
 Cost model(const Problem& p);
 
+/// The backward pass, FlashAttention-2's Algorithm 2 (sequence_parallel_backward.cu):
+/// D = rowsum(dO o O), then one thread block per (K/V block, batch, head)
+/// keeping dK_j and dV_j on chip while the Q blocks stream past, S and P
+/// recomputed from L, dQ accumulated in HBM with fp32 atomics.
+void backward(const Problem& p, const BackwardTensors& t, Stream stream);
+
+/// D [B, H, Nq]: B * H * Nq floats.
+std::int64_t backward_workspace_bytes(const Problem& p);
+
+/// The backward's traffic and FLOPs in closed form (formulae in README.md):
+/// per K/V block j, Kj and Vj read once and dK_j, dV_j written once; per
+/// visited (i, j), Qi, dOi, Li, Di read and dQ_i read and written by the
+/// atomics; plus the D kernel and zeroing dQ.
+Cost backward_model(const Problem& p);
+
+/// Algorithm 2 on the host with the kernel's loops and tiles, counting every
+/// element moved, every shared-memory access and every FLOP
+/// (sequence_parallel_backward_mirror.cpp).
+Cost backward_mirror(const Problem& p, const HostBackwardTensors& t);
+
 }  // namespace flashstep::sequence_parallel
 
 namespace flashstep {

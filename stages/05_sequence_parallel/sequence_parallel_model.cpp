@@ -29,6 +29,13 @@ std::vector<Stage> stages_05_sequence_parallel() {
   // No mirror of its own: the algorithm and its counts are stage 04's, which
   // stage 04's mirror checks; only the mapping onto thread blocks differs.
   s.mirror = nullptr;
+  // FlashAttention-2's backward (Algorithm 2) lives here because its
+  // parallelism is this stage's idea turned around: one thread block per K/V
+  // block of one head (README.md, "Backward").
+  s.backward = sequence_parallel::backward;
+  s.backward_workspace_bytes = sequence_parallel::backward_workspace_bytes;
+  s.backward_model = sequence_parallel::backward_model;
+  s.backward_mirror = sequence_parallel::backward_mirror;
   return {s};
 }
 

@@ -42,6 +42,15 @@ struct Tolerance {
 /// (those give errors of order 1e-2 and up). atol covers elements of O near 0.
 inline constexpr Tolerance kFp32Tolerance{1e-5, 1e-4};
 
+/// The bound every fp32 gradient meets against the fp64 reference: the
+/// forward's relative part, ten times its absolute part. The gradients inherit
+/// the forward's fp32 errors in O and L (D = rowsum(dO o O) sums d of them),
+/// and dS = P o (dP - D) subtracts two numbers of size near |dO| |V| sqrt(d)
+/// that agree in their leading digits, so elements of dQ and dK near zero
+/// carry absolute errors a little above the forward's 1e-5. A wrong mask,
+/// scale or recomputed P still errs by 1e-2 and more.
+inline constexpr Tolerance kFp32GradTolerance{1e-4, 1e-4};
+
 /// Outcome of comparing one output array with the reference.
 struct Comparison {
   std::int64_t checked = 0;      ///< elements compared (NaN in the reference: skipped)

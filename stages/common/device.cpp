@@ -78,16 +78,22 @@ DeviceInfo device_info() {
   return info;
 }
 
-std::int64_t device_bytes_needed(const Stage& stage, const Problem& p) {
-  return (2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems()) * kElemBytes +
-         stage.workspace_bytes(p);
+std::int64_t device_bytes_needed(const Stage& stage, const Problem& p, bool backward) {
+  std::int64_t bytes = (2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems()) * kElemBytes +
+                       stage.workspace_bytes(p);
+  if (backward) {
+    if (!stage.backward) throw Error("stage " + std::string(stage.name) + " has no backward pass");
+    bytes += (2 * p.q_elems() + 2 * p.kv_elems()) * kElemBytes + stage.backward_workspace_bytes(p);
+  }
+  return bytes;
 }
 
 DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const float* K,
-                     const float* V)
+                     const float* V, const float* dO)
     : stage_(stage), p_(p) {
   validate(p_);
-  const std::int64_t need = device_bytes_needed(stage, p);
+  const bool backward = dO != nullptr;
+  const std::int64_t need = device_bytes_needed(stage, p, backward);
   size_t free_bytes = 0, total_bytes = 0;
   cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   if (need + kDeviceHeadroomBytes > static_cast<std::int64_t>(free_bytes)) {
@@ -103,6 +109,15 @@ DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const
     L_ = device_alloc<float>(p.lse_elems() * kElemBytes, "cudaMalloc L");
     const std::int64_t ws = stage.workspace_bytes(p);
     if (ws > 0) workspace_ = device_alloc<void>(ws, "cudaMalloc workspace");
+    if (backward) {
+      dO_ = device_alloc<float>(p.q_elems() * kElemBytes, "cudaMalloc dO");
+      dQ_ = device_alloc<float>(p.q_elems() * kElemBytes, "cudaMalloc dQ");
+      dK_ = device_alloc<float>(p.kv_elems() * kElemBytes, "cudaMalloc dK");
+      dV_ = device_alloc<float>(p.kv_elems() * kElemBytes, "cudaMalloc dV");
+      const std::int64_t bws = stage.backward_workspace_bytes(p);
+      if (bws > 0) backward_workspace_ = device_alloc<void>(bws, "cudaMalloc backward workspace");
+      cuda_check(cudaMemcpy(dO_, dO, p.q_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy dO");
+    }
     cuda_check(cudaMemcpy(Q_, Q, p.q_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy Q");
     cuda_check(cudaMemcpy(K_, K, p.kv_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy K");
     cuda_check(cudaMemcpy(V_, V, p.kv_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy V");
@@ -116,11 +131,13 @@ DeviceRun::~DeviceRun() { release(); }
 
 void DeviceRun::release() noexcept {
   for (void* ptr : {static_cast<void*>(Q_), static_cast<void*>(K_), static_cast<void*>(V_),
-                    static_cast<void*>(O_), static_cast<void*>(L_), workspace_}) {
+                    static_cast<void*>(O_), static_cast<void*>(L_), workspace_,
+                    static_cast<void*>(dO_), static_cast<void*>(dQ_), static_cast<void*>(dK_),
+                    static_cast<void*>(dV_), backward_workspace_}) {
     if (ptr) cudaFree(ptr);
   }
-  Q_ = K_ = V_ = O_ = L_ = nullptr;
-  workspace_ = nullptr;
+  Q_ = K_ = V_ = O_ = L_ = dO_ = dQ_ = dK_ = dV_ = nullptr;
+  workspace_ = backward_workspace_ = nullptr;
 }
 
 void DeviceRun::launch() {
@@ -132,6 +149,47 @@ void DeviceRun::launch() {
   t.L = stage_.writes_lse ? L_ : nullptr;
   t.workspace = workspace_;
   stage_.forward(p_, t, nullptr);
+}
+
+void DeviceRun::launch_backward() {
+  BackwardTensors t;
+  t.Q = Q_;
+  t.K = K_;
+  t.V = V_;
+  t.O = O_;
+  t.L = L_;
+  t.dO = dO_;
+  t.dQ = dQ_;
+  t.dK = dK_;
+  t.dV = dV_;
+  t.saved = workspace_;
+  t.workspace = backward_workspace_;
+  stage_.backward(p_, t, nullptr);
+}
+
+void DeviceRun::run_backward(std::vector<float>& dQ, std::vector<float>& dK,
+                             std::vector<float>& dV) {
+  if (!dO_) throw Error("DeviceRun: the backward needs dO (pass it to the constructor)");
+  std::vector<float> O, L;
+  run(O, L);
+  cuda_check(cudaMemset(dQ_, kPoisonByte, p_.q_elems() * kElemBytes), "poison dQ");
+  cuda_check(cudaMemset(dK_, kPoisonByte, p_.kv_elems() * kElemBytes), "poison dK");
+  cuda_check(cudaMemset(dV_, kPoisonByte, p_.kv_elems() * kElemBytes), "poison dV");
+  launch_backward();
+  cuda_check(cudaDeviceSynchronize(),
+             std::string("stage " + std::string(stage_.name) + " backward").c_str());
+  dQ.resize(static_cast<size_t>(p_.q_elems()));
+  dK.resize(static_cast<size_t>(p_.kv_elems()));
+  dV.resize(static_cast<size_t>(p_.kv_elems()));
+  cuda_check(cudaMemcpy(dQ.data(), dQ_, p_.q_elems() * kElemBytes, cudaMemcpyDeviceToHost), "copy dQ");
+  cuda_check(cudaMemcpy(dK.data(), dK_, p_.kv_elems() * kElemBytes, cudaMemcpyDeviceToHost), "copy dK");
+  cuda_check(cudaMemcpy(dV.data(), dV_, p_.kv_elems() * kElemBytes, cudaMemcpyDeviceToHost), "copy dV");
+}
+
+Timing DeviceRun::time_backward(int warmup, int iterations) {
+  if (!dO_) throw Error("DeviceRun: the backward needs dO (pass it to the constructor)");
+  launch();  // the forward's O, L and saved workspace, once: the backward only reads them
+  return time_launches(warmup, iterations, &DeviceRun::launch_backward);
 }
 
 void DeviceRun::run(std::vector<float>& O, std::vector<float>& L) {
@@ -148,6 +206,10 @@ void DeviceRun::run(std::vector<float>& O, std::vector<float>& L) {
 }
 
 Timing DeviceRun::time(int warmup, int iterations) {
+  return time_launches(warmup, iterations, &DeviceRun::launch);
+}
+
+Timing DeviceRun::time_launches(int warmup, int iterations, void (DeviceRun::*launch_fn)()) {
   if (iterations < 1) throw Error("iterations must be >= 1");
   const std::int64_t flush_bytes = kL2FlushFactor * device_info().l2_bytes;
   void* flush = device_alloc<void>(flush_bytes, "cudaMalloc L2 flush buffer");
@@ -156,11 +218,11 @@ Timing DeviceRun::time(int warmup, int iterations) {
   try {
     cuda_check(cudaEventCreate(&start), "cudaEventCreate");
     cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
-    for (int k = 0; k < warmup; ++k) launch();
+    for (int k = 0; k < warmup; ++k) (this->*launch_fn)();
     for (int k = 0; k < iterations; ++k) {
       cuda_check(cudaMemsetAsync(flush, k & 0xFF, flush_bytes), "L2 flush");
       cuda_check(cudaEventRecord(start), "cudaEventRecord");
-      launch();
+      (this->*launch_fn)();
       cuda_check(cudaEventRecord(stop), "cudaEventRecord");
       cuda_check(cudaEventSynchronize(stop), std::string("stage " + std::string(stage_.name)).c_str());
       cuda_check(cudaEventElapsedTime(&ms[static_cast<size_t>(k)], start, stop),

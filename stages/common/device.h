@@ -30,8 +30,9 @@ bool cuda_device_available(std::string* why = nullptr);
 /// Properties of device 0. Requires cuda_device_available().
 DeviceInfo device_info();
 
-/// Device bytes a run of `stage` on `p` allocates: Q, K, V, O, L, workspace.
-std::int64_t device_bytes_needed(const Stage& stage, const Problem& p);
+/// Device bytes a run of `stage` on `p` allocates: Q, K, V, O, L, workspace,
+/// and with `backward` also dO, dQ, dK, dV and the backward's workspace.
+std::int64_t device_bytes_needed(const Stage& stage, const Problem& p, bool backward = false);
 
 /// Median and spread of repeated timings, in milliseconds.
 struct Timing {
@@ -43,11 +44,12 @@ struct Timing {
 
 /// Device buffers for one stage on one problem: allocated once (after checking
 /// that they fit in free device memory, with a clear Error if not), reused by
-/// every run and timing.
+/// every run and timing. Given dO [B,H,Nq,d], it also holds the backward's
+/// buffers (the stage must have a backward).
 class DeviceRun {
  public:
   DeviceRun(const Stage& stage, const Problem& p, const float* Q, const float* K,
-            const float* V);
+            const float* V, const float* dO = nullptr);
   ~DeviceRun();
   DeviceRun(const DeviceRun&) = delete;
   DeviceRun& operator=(const DeviceRun&) = delete;
@@ -60,6 +62,13 @@ class DeviceRun {
   /// events, with L2 flushed (a buffer twice its size overwritten) before each.
   Timing time(int warmup, int iterations);
 
+  /// Runs the forward (O and L poisoned first), then poisons dQ, dK and dV,
+  /// runs the backward once, and copies the gradients back to the host.
+  void run_backward(std::vector<float>& dQ, std::vector<float>& dK, std::vector<float>& dV);
+
+  /// Runs the forward once, then times the backward alone as time() does.
+  Timing time_backward(int warmup, int iterations);
+
  private:
   const Stage& stage_;
   Problem p_;
@@ -69,8 +78,15 @@ class DeviceRun {
   float* O_ = nullptr;          // [B, H, Nq, d]
   float* L_ = nullptr;          // [B, H, Nq]
   void* workspace_ = nullptr;   // stage.workspace_bytes(p)
+  float* dO_ = nullptr;         // [B, H, Nq, d]
+  float* dQ_ = nullptr;         // [B, H, Nq, d]
+  float* dK_ = nullptr;         // [B, H, Nk, d]
+  float* dV_ = nullptr;         // [B, H, Nk, d]
+  void* backward_workspace_ = nullptr;  // stage.backward_workspace_bytes(p)
   void release() noexcept;
   void launch();
+  void launch_backward();
+  Timing time_launches(int warmup, int iterations, void (DeviceRun::*launch_fn)());
 };
 
 }  // namespace flashstep

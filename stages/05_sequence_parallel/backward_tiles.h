@@ -1,0 +1,34 @@
+/// \file backward_tiles.h
+/// \brief Tile sizes of stage 05's backward (FlashAttention-2, Algorithm 2),
+/// shared by the kernel (sequence_parallel_backward.cu), the closed-form model
+/// and the CPU mirror. CUDA-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flashstep::sequence_parallel::bwd {
+
+/// Threads per block.
+inline constexpr int kThreads = 256;
+
+/// Rows of Q (and dO, dQ) per inner step (the paper's Br). The block keeps Kj,
+/// Vj, dK_j and dV_j for its whole life and streams Q blocks past them, so Br
+/// sizes only the streamed tiles: 32 keeps Qi, dOi, P_ij, dS_ij and dS_ij^T of
+/// d = 128 beside Kj and Vj in 125 KiB, inside an sm_80 block's 163 KiB.
+inline constexpr int kBr = 32;
+
+/// Keys per K/V block (the paper's Bc), per head-dimension bucket. 64 for
+/// d <= 128; 32 for d = 256, where 64 keys of Kj and Vj alone would take
+/// 130 KiB and, with the streamed tiles, pass sm_80's 163 KiB; dK_j and dV_j
+/// would also need 128 registers per thread.
+constexpr int block_keys(int head_dim_bucket) { return head_dim_bucket <= 128 ? 64 : 32; }
+
+/// The head-dimension bucket a problem's d is zero-padded to inside the tiles.
+constexpr int head_dim_bucket(std::int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
+/// Grid y holds at most 65535 blocks; beyond that one block takes the same K/V
+/// block of several heads.
+inline constexpr std::int64_t kMaxGridY = 65535;
+
+}  // namespace flashstep::sequence_parallel::bwd

@@ -1,0 +1,206 @@
+// Stage 05's backward mirror (host only): Algorithm 2 of the FlashAttention-2
+// paper in plain C++, with the kernel's loop order, tiles (Br = 32, Bc = 64 or
+// 32), log2-unit exponentials and masking, in float like the kernel. Data
+// moves between the HBM arrays and the on-chip tiles only through Chip, which
+// counts every element moved, every shared-memory access and every FLOP; the
+// tests check those counts against backward_model() and the gradients against
+// the fp64 reference.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backward_tiles.h"
+#include "common/error.h"
+#include "common/fa2_tiles.h"
+#include "common/row_dot.h"
+#include "sequence_parallel.h"
+
+namespace flashstep::sequence_parallel {
+
+namespace {
+
+// A tile in shared memory: row-major [rows][cols].
+struct Tile {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<float> v;
+  float at(std::int64_t r, std::int64_t c) const { return v[static_cast<size_t>(r * cols + c)]; }
+};
+
+// One thread block's view of the machine (see stage 04's mirror): HBM on one
+// side, shared memory on the other, the counters of cost.h between them.
+// Registers (plain floats and vectors below) are free.
+class Chip {
+ public:
+  Cost cost;
+
+  // HBM -> shared memory: rows x cols elements of a row-major [., cols] array.
+  void load(const float* hbm, std::int64_t rows, std::int64_t cols, Tile& tile) {
+    tile.rows = rows;
+    tile.cols = cols;
+    tile.v.assign(hbm, hbm + rows * cols);
+    cost.hbm_read_bytes += rows * cols * kElemBytes;
+    cost.sram_write_bytes += rows * cols * kElemBytes;
+  }
+  // Shared memory -> registers, one element used once.
+  float read(const Tile& tile, std::int64_t r, std::int64_t c) {
+    cost.sram_read_bytes += kElemBytes;
+    return tile.at(r, c);
+  }
+  // Registers -> shared memory, one element.
+  void write(Tile& tile, std::int64_t r, std::int64_t c, float value) {
+    cost.sram_write_bytes += kElemBytes;
+    tile.v[static_cast<size_t>(r * tile.cols + c)] = value;
+  }
+  // Registers -> HBM.
+  void store(float* hbm, float value) {
+    *hbm = value;
+    cost.hbm_write_bytes += kElemBytes;
+  }
+  // Registers -> HBM through an atomic add: a read and a write of the element.
+  void atomic_add(float* hbm, float value) {
+    *hbm += value;
+    cost.hbm_read_bytes += kElemBytes;
+    cost.hbm_write_bytes += kElemBytes;
+  }
+  // sum_k A[a][k] B[b][k] over k < n, in order: one score of Qi Kj^T or dOi Vj^T.
+  float dot(const Tile& A, std::int64_t a, const Tile& B, std::int64_t b, std::int64_t n) {
+    cost.sram_read_bytes += 2 * n * kElemBytes;
+    cost.matmul_flops += 2 * n;
+    float acc = 0.0f;
+    for (std::int64_t k = 0; k < n; ++k) acc += A.at(a, k) * B.at(b, k);
+    return acc;
+  }
+  // out[k] += A[r][c] B[r][k] for k < n (a row of P^T dO or dS^T Q), or
+  // out[k] += A[r][c] B[c][k] (a row of dS K): one operand of A, n of B.
+  void axpy(const Tile& A, std::int64_t r, std::int64_t c, const Tile& B, std::int64_t b,
+            std::int64_t n, float* out) {
+    cost.sram_read_bytes += 2 * n * kElemBytes;
+    cost.matmul_flops += 2 * n;
+    const float x = A.at(r, c);
+    for (std::int64_t k = 0; k < n; ++k) out[k] += x * B.at(b, k);
+  }
+  // Everything else, one FLOP each.
+  float mul(float a, float b) { return count(a * b); }
+  float sub(float a, float b) { return count(a - b); }
+  float exp2(float x) { return count(std::exp2(x)); }
+
+ private:
+  float count(float x) {
+    ++cost.nonmatmul_flops;
+    return x;
+  }
+};
+
+// Line 4: D = rowsum(dO o O), one row at a time (common/row_dot.cu).
+void row_dot(const Problem& p, const HostBackwardTensors& t, std::vector<float>& D, Chip& chip) {
+  const std::int64_t rows = p.heads() * p.Nq;
+  D.assign(static_cast<size_t>(rows), 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float acc = 0.0f;
+    for (std::int64_t k = 0; k < p.d; ++k) {
+      acc += t.dO[r * p.d + k] * t.O[r * p.d + k];
+      chip.cost.nonmatmul_flops += 2;
+    }
+    chip.cost.hbm_read_bytes += 2 * p.d * kElemBytes;
+    chip.store(&D[static_cast<size_t>(r)], acc);
+  }
+}
+
+// Lines 6-18 for K/V block j of head bh (attend_kv_block in the kernel).
+void attend_kv_block(const Problem& p, const HostBackwardTensors& t, const std::vector<float>& D,
+                     std::int64_t bh, std::int64_t j, std::int64_t Bc, Chip& chip) {
+  const std::int64_t d = p.d;
+  const std::int64_t key0 = j * Bc;
+  const std::int64_t C = std::min(Bc, p.Nk - key0);
+  const std::int64_t Tr = (p.Nq + bwd::kBr - 1) / bwd::kBr;
+  // Q blocks before i_first see nothing of the block (causal); the last row
+  // sees every key, so i_first < Tr.
+  const std::int64_t first_row = p.causal ? std::max<std::int64_t>(0, key0 - p.Nk + p.Nq) : 0;
+  const std::int64_t i_first = first_row / bwd::kBr;
+  chip.cost.skipped_tiles += i_first;
+  const float scale = static_cast<float>(p.softmax_scale());
+  const float scale_log2 = static_cast<float>(p.softmax_scale() * fa2::kLog2e);
+  const float log2e = static_cast<float>(fa2::kLog2e);
+
+  // Line 7, in registers.
+  std::vector<float> dK_j(static_cast<size_t>(C * d), 0.0f), dV_j(dK_j);
+  Tile Kj, Vj, Qi, dOi, Li, Di, P, dS, dST;
+  chip.load(t.K + (bh * p.Nk + key0) * d, C, d, Kj);  // line 6
+  chip.load(t.V + (bh * p.Nk + key0) * d, C, d, Vj);
+  for (std::int64_t i = i_first; i < Tr; ++i) {  // line 8
+    const std::int64_t row0 = i * bwd::kBr;
+    const std::int64_t R = std::min<std::int64_t>(bwd::kBr, p.Nq - row0);
+    // Line 9.
+    chip.load(t.Q + (bh * p.Nq + row0) * d, R, d, Qi);
+    chip.load(t.dO + (bh * p.Nq + row0) * d, R, d, dOi);
+    chip.load(t.L + bh * p.Nq + row0, R, 1, Li);
+    chip.load(D.data() + bh * p.Nq + row0, R, 1, Di);
+    P = {R, C, std::vector<float>(static_cast<size_t>(R * C))};
+    dS = P;
+    dST = {C, R, std::vector<float>(static_cast<size_t>(C * R))};
+    for (std::int64_t r = 0; r < R; ++r) {
+      const float L_log2 = chip.mul(chip.read(Li, r, 0), log2e);
+      const float D_r = chip.read(Di, r, 0);
+      const std::int64_t visible = p.visible_keys(row0 + r) - key0;
+      for (std::int64_t c = 0; c < C; ++c) {
+        // Lines 10-11 and 13-14, scale folded into dS; masked scores -> P = 0.
+        const float S = chip.dot(Qi, r, Kj, c, d);
+        const float dP = chip.dot(dOi, r, Vj, c, d);
+        const float e = chip.exp2(chip.sub(chip.mul(S, scale_log2), L_log2));
+        const float P_rc = c < visible ? e : 0.0f;
+        const float dS_rc = chip.mul(chip.mul(P_rc, chip.sub(dP, D_r)), scale);
+        chip.write(P, r, c, P_rc);
+        chip.write(dS, r, c, dS_rc);
+        chip.write(dST, c, r, dS_rc);
+      }
+    }
+    // Lines 12 and 16: query rows in order, as the kernel sums them.
+    for (std::int64_t r = 0; r < R; ++r) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        chip.axpy(P, r, c, dOi, r, d, &dV_j[static_cast<size_t>(c * d)]);
+        chip.axpy(dS, r, c, Qi, r, d, &dK_j[static_cast<size_t>(c * d)]);
+      }
+    }
+    // Line 15: dQ_i += dS_ij Kj, summed on chip over the block's keys, then
+    // one atomic add per element.
+    for (std::int64_t r = 0; r < R; ++r) {
+      std::vector<float> dQ_r(static_cast<size_t>(d), 0.0f);
+      for (std::int64_t c = 0; c < C; ++c) chip.axpy(dST, c, r, Kj, c, d, dQ_r.data());
+      for (std::int64_t k = 0; k < d; ++k) {
+        chip.atomic_add(t.dQ + (bh * p.Nq + row0 + r) * d + k, dQ_r[static_cast<size_t>(k)]);
+      }
+    }
+  }
+  // Line 18.
+  for (std::int64_t e = 0; e < C * d; ++e) {
+    chip.store(t.dK + (bh * p.Nk + key0) * d + e, dK_j[static_cast<size_t>(e)]);
+    chip.store(t.dV + (bh * p.Nk + key0) * d + e, dV_j[static_cast<size_t>(e)]);
+  }
+}
+
+}  // namespace
+
+Cost backward_mirror(const Problem& p, const HostBackwardTensors& t) {
+  validate(p);
+  if (!t.Q || !t.K || !t.V || !t.O || !t.L || !t.dO || !t.dQ || !t.dK || !t.dV) {
+    throw Error("stage 05 backward mirror: null tensor pointer");
+  }
+  Chip chip;
+  for (std::int64_t e = 0; e < p.q_elems(); ++e) chip.store(t.dQ + e, 0.0f);  // line 3
+  std::vector<float> D;
+  row_dot(p, t, D, chip);  // line 4
+  // The kernel's grid: K/V blocks along x, heads along y (a block taking
+  // several heads only past grid y's limit); plus the D kernel's blocks.
+  const std::int64_t Bc = bwd::block_keys(bwd::head_dim_bucket(p.d));
+  const std::int64_t Tc = (p.Nk + Bc - 1) / Bc;
+  const std::int64_t grid_y = std::min(p.heads(), bwd::kMaxGridY);
+  for (std::int64_t y = 0; y < grid_y; ++y) {
+    for (std::int64_t bh = y; bh < p.heads(); bh += grid_y) {
+      for (std::int64_t j = 0; j < Tc; ++j) attend_kv_block(p, t, D, bh, j, Bc, chip);
+    }
+  }
+  chip.cost.thread_blocks = Tc * grid_y + row_dot_cost(p).thread_blocks;
+  return chip.cost;
+}
+
+}  // namespace flashstep::sequence_parallel

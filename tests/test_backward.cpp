@@ -1,0 +1,130 @@
+// The backward pass on the CPU: the fp64 reference gradients against central
+// finite differences, the masking rules, and every backward mirror against the
+// reference and its closed-form model.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/check.h"
+#include "common/reference.h"
+#include "common/stage.h"
+#include "shapes.h"
+
+using flashstep::Cost;
+using flashstep::Problem;
+using flashstep::Stage;
+
+namespace {
+
+Problem tiny(std::int64_t Nq, std::int64_t Nk, std::int64_t d, bool causal) {
+  Problem p;
+  p.B = 1;
+  p.H = 2;
+  p.Nq = Nq;
+  p.Nk = Nk;
+  p.d = d;
+  p.causal = causal;
+  return p;
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// The loss whose gradients the backward computes: sum(O o dO).
+double loss(const Problem& p, const std::vector<double>& Q, const std::vector<double>& K,
+            const std::vector<double>& V, const std::vector<double>& dO) {
+  const auto r = flashstep::reference_forward(p, Q.data(), K.data(), V.data());
+  double sum = 0.0;
+  for (size_t e = 0; e < r.O.size(); ++e) sum += r.O[e] * dO[e];
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("reference gradients match central finite differences of sum(O o dO), in double") {
+  // h = 1e-5: the central difference's truncation error (h^2 |f'''|, ~1e-10)
+  // and its rounding error (1e-16 |f| / h, ~1e-10) both stay far below the
+  // 1e-6 the check allows.
+  constexpr double kStep = 1e-5;
+  constexpr double kAllowed = 1e-6;
+  for (const Problem& p : {tiny(3, 5, 4, false), tiny(5, 3, 3, true), tiny(4, 4, 2, true)}) {
+    CAPTURE(p.describe());
+    const auto in = flashstep::random_inputs(p, 11);
+    std::vector<double> Q = to_double(in.Q), K = to_double(in.K), V = to_double(in.V);
+    const std::vector<double> dO = to_double(flashstep::random_output_grad(p, 12));
+    const auto g = flashstep::reference_backward(p, Q.data(), K.data(), V.data(), dO.data());
+    for (auto [x, grad] : {std::pair{&Q, &g.dQ}, std::pair{&K, &g.dK}, std::pair{&V, &g.dV}}) {
+      for (size_t e = 0; e < x->size(); ++e) {
+        const double keep = (*x)[e];
+        (*x)[e] = keep + kStep;
+        const double up = loss(p, Q, K, V, dO);
+        (*x)[e] = keep - kStep;
+        const double down = loss(p, Q, K, V, dO);
+        (*x)[e] = keep;
+        CHECK((*grad)[e] == doctest::Approx((up - down) / (2 * kStep)).epsilon(kAllowed).scale(1.0));
+      }
+    }
+  }
+}
+
+TEST_CASE("reference gradients: a row that sees no key gets dQ = 0, and nothing is NaN") {
+  // Causal with Nq > Nk: rows 0 .. Nq - Nk - 1 see no key (bottom-right mask).
+  const Problem p = tiny(6, 3, 4, true);
+  const auto in = flashstep::random_inputs(p, 3);
+  const auto dO = flashstep::random_output_grad(p, 4);
+  const auto g = flashstep::reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    for (std::int64_t i = 0; i < p.Nq - p.Nk; ++i) {
+      for (std::int64_t k = 0; k < p.d; ++k) {
+        CHECK(g.dQ[static_cast<size_t>((bh * p.Nq + i) * p.d + k)] == 0.0);
+      }
+    }
+  }
+  for (const auto* grad : {&g.dQ, &g.dK, &g.dV}) {
+    for (double x : *grad) CHECK(std::isfinite(x));
+  }
+}
+
+TEST_CASE("backward mirrors match the fp64 gradients and count exactly what their model says") {
+  int mirrors = 0;
+  for (const Stage& s : flashstep::all_stages()) {
+    if (!s.backward_mirror) continue;
+    ++mirrors;
+    std::uint64_t seed = 500;
+    for (const Problem& p : flashstep::test::ragged_problems()) {
+      CAPTURE(s.name);
+      CAPTURE(p.describe());
+      const auto in = flashstep::random_inputs(p, seed++);
+      const auto dO = flashstep::random_output_grad(p, seed++);
+      // The forward's O and L, as the stage's own forward mirror would give them:
+      // the reference's, rounded to fp32.
+      const auto fwd = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
+      const std::vector<float> O(fwd.O.begin(), fwd.O.end()), L(fwd.L.begin(), fwd.L.end());
+      std::vector<float> dQ(static_cast<size_t>(p.q_elems()), NAN);
+      std::vector<float> dK(static_cast<size_t>(p.kv_elems()), NAN), dV(dK);
+      const Cost counted = s.backward_mirror(
+          p, {in.Q.data(), in.K.data(), in.V.data(), O.data(), L.data(), dO.data(), dQ.data(),
+              dK.data(), dV.data()});
+      const auto ref = flashstep::reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+      for (auto [name, got, want] : {std::tuple{std::string_view("dQ"), &dQ, &ref.dQ},
+                                     std::tuple{std::string_view("dK"), &dK, &ref.dK},
+                                     std::tuple{std::string_view("dV"), &dV, &ref.dV}}) {
+        const auto c = flashstep::compare(got->data(), *want, flashstep::kFp32GradTolerance);
+        CHECK_MESSAGE(c.ok(), name << ": " << c.summary());
+      }
+      const Cost model = s.backward_model(p);
+      CHECK(counted.hbm_read_bytes == model.hbm_read_bytes);
+      CHECK(counted.hbm_write_bytes == model.hbm_write_bytes);
+      CHECK(counted.sram_read_bytes == model.sram_read_bytes);
+      CHECK(counted.sram_write_bytes == model.sram_write_bytes);
+      CHECK(counted.matmul_flops == model.matmul_flops);
+      CHECK(counted.nonmatmul_flops == model.nonmatmul_flops);
+      CHECK(counted.thread_blocks == model.thread_blocks);
+      CHECK(counted.skipped_tiles == model.skipped_tiles);
+    }
+  }
+  CHECK(mirrors >= 1);  // stage 05's Algorithm 2
+}
