@@ -27,6 +27,14 @@ constexpr std::int64_t kDefaultHeadDim = 64;
 // The fp64 reference checks every row while B*H*Nq*Nk*d stays under this many
 // multiply-adds (about a second on one core); above it, every k-th row.
 constexpr double kReferenceMacBudget = 4e8;
+// The reference gradients hold P, dP and dS of one head in double, Nq x Nk
+// each, and have no row sampling: above these sizes the CLI leaves gradients
+// unchecked (the tests check them) rather than take minutes and gigabytes.
+constexpr double kReferenceGradMacBudget = 4e9;
+constexpr double kReferenceGradHeadScores = 16.0 * 1024 * 1024;
+// The backward's FLOPs by the FlashAttention convention: 2.5 x the forward's
+// (five N x N x d products against two).
+constexpr double kBackwardFlopFactor = 2.5;
 constexpr double kTera = 1e12;
 // Upper bound on --warmup and --iters: a typo should not start a day-long run.
 constexpr std::int64_t kMaxRepeats = 100000;
@@ -98,21 +106,39 @@ void append(std::vector<Cell>& row, const std::vector<Cell>& more) {
   row.insert(row.end(), more.begin(), more.end());
 }
 
-Report model_report(const Problem& p, const std::vector<const Stage*>& stages) {
+// The stages that have a backward pass, for --backward; an Error if none does.
+std::vector<const Stage*> backward_stages(const std::vector<const Stage*>& stages) {
+  std::vector<const Stage*> out;
+  for (const Stage* s : stages) {
+    if (s->backward) out.push_back(s);
+  }
+  if (out.empty()) {
+    std::string have;
+    for (const Stage& s : all_stages()) {
+      if (s.backward) have += (have.empty() ? "" : ", ") + std::string(s.name);
+    }
+    throw Error("--backward: no selected stage has a backward pass (these do: " + have + ")");
+  }
+  return out;
+}
+
+Report model_report(const Problem& p, const std::vector<const Stage*>& stages, bool backward) {
   Report r;
-  r.title = "model for " + p.describe();
+  r.title = (backward ? "backward model for " : "model for ") + p.describe();
   r.columns = {"stage", "HBM read", "HBM write", "SRAM read", "SRAM write", "matmul FLOPs",
-               "other FLOPs", "blocks", "skipped tiles", "barriers"};
+               "other FLOPs", "blocks", "skipped tiles", "barriers", "device memory"};
   r.columns.insert(r.columns.end(), kProblemColumns.begin(), kProblemColumns.end());
   for (const Stage* s : stages) {
-    const Cost c = s->model(p);
+    const Cost c = backward ? s->backward_model(p) : s->model(p);
     std::vector<Cell> row = {text(std::string(s->name)), bytes(c.hbm_read_bytes),
                              bytes(c.hbm_write_bytes), bytes(c.sram_read_bytes),
                              bytes(c.sram_write_bytes), flops(c.matmul_flops),
                              flops(c.nonmatmul_flops), integer(c.thread_blocks),
                              integer(c.skipped_tiles),
                              // Only stage 06 models its barriers; 0 means "not modelled".
-                             c.barriers > 0 ? integer(c.barriers) : number(std::nan(""))};
+                             c.barriers > 0 ? integer(c.barriers) : number(std::nan("")),
+                             // What a run allocates: inputs, outputs, workspaces (and gradients).
+                             bytes(device_bytes_needed(*s, p, backward))};
     append(row, problem_cells(p));
     r.rows.push_back(row);
   }
@@ -166,7 +192,78 @@ struct StageResult {
   std::string status = "error";  // ok, FAIL, error, unchecked
   std::optional<Comparison> o_check, l_check;
   Timing timing;
+  std::string backward_status = "-";  // ok, FAIL, error, unchecked; "-" without a backward
+  double grad_error = std::nan("");   // max abs error over dQ, dK and dV
+  Timing backward_timing;
 };
+
+// Whether the fp64 reference gradients of `heads` heads of p are affordable
+// (see the budgets).
+bool gradients_checkable(const Problem& p, std::int64_t heads) {
+  const double scores = static_cast<double>(p.Nq) * static_cast<double>(p.Nk);
+  return scores <= kReferenceGradHeadScores &&
+         static_cast<double>(heads) * scores * static_cast<double>(p.d) <= kReferenceGradMacBudget;
+}
+
+// The reference gradients the run is checked against: all heads when
+// affordable, else head 0 alone (heads are independent), else none. A
+// head-0-only reference has one head's elements; compare() then checks the
+// first head of each gradient.
+std::optional<ReferenceGradients> reference_gradients(const Problem& p, const Inputs& in,
+                                                      const std::vector<float>& dO,
+                                                      std::ostream& err) {
+  if (gradients_checkable(p, p.heads())) {
+    err << "flashstep: fp64 reference gradients...\n";
+    return reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+  }
+  if (gradients_checkable(p, 1)) {
+    err << "flashstep: fp64 reference gradients of head 0 only (all " << p.heads()
+        << " heads pass the reference's budget)...\n";
+    Problem one = p;
+    one.B = one.H = 1;
+    return reference_backward(one, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+  }
+  err << "flashstep: gradients left unchecked: one head's fp64 reference backward (Nq x Nk "
+         "doubles, no row sampling) passes its budget; the tests check the gradients\n";
+  return std::nullopt;
+}
+
+// dO for --backward: DIR/dO.npy when --load gives a DIR holding one (it must
+// match Q's shape), otherwise drawn from a seed of its own.
+std::vector<float> load_or_draw_output_grad(const std::string& dir, const Problem& p,
+                                            std::uint64_t seed) {
+  // Any fixed odd constant keeps dO's stream apart from Q, K and V's.
+  constexpr std::uint64_t kOutputGradSeedSalt = 0x9E3779B97F4A7C15ull;
+  const std::string path = dir + "/dO.npy";
+  if (dir.empty() || !std::filesystem::exists(path)) return random_output_grad(p, seed ^ kOutputGradSeedSalt);
+  const NpyArray g = read_npy(path);
+  if (g.shape != std::vector<std::int64_t>{p.B, p.H, p.Nq, p.d}) {
+    throw Error(path + ": dO must have Q's shape [B, H, Nq, d]");
+  }
+  return g.data;
+}
+
+// Compares the gradients with the reference (when there is one): "ok", "FAIL"
+// (with a line on err) or "unchecked"; max_abs_error gets the worst of the three.
+std::string check_gradients(const Stage& s, std::vector<const std::vector<float>*> got,
+                            const std::optional<ReferenceGradients>& ref, double& max_abs_error,
+                            std::ostream& err) {
+  if (!ref) return "unchecked";
+  const char* names[] = {"dQ", "dK", "dV"};
+  const std::vector<double>* want[] = {&ref->dQ, &ref->dK, &ref->dV};
+  bool ok = true;
+  max_abs_error = 0.0;
+  for (size_t k = 0; k < got.size(); ++k) {
+    const Comparison c = compare(got[k]->data(), *want[k], kFp32GradTolerance);
+    max_abs_error = std::max(max_abs_error, c.max_abs_error);
+    if (!c.ok()) {
+      ok = false;
+      err << "flashstep: " << s.name << " backward: " << names[k]
+          << " differs from the fp64 reference: " << c.summary() << "\n";
+    }
+  }
+  return ok ? "ok" : "FAIL";
+}
 
 }  // namespace
 
@@ -188,16 +285,21 @@ problem (default B=1 H=8 N=1024 d=64, non-causal, scale 1/sqrt(d)):
   --causal            bottom-right aligned causal mask
   --scale X           softmax scale
   --seed N            seed of the random inputs (default 0)
-  --load DIR          read DIR/Q.npy, K.npy, V.npy (float32 [B,H,N,d]); sizes from the files
+  --load DIR          read DIR/Q.npy, K.npy, V.npy (float32 [B,H,N,d]); sizes from the files;
+                      with --backward also DIR/dO.npy when present
 
 what to run and print:
   --stage S[,S...]    stage names or numbers (01, 3, 04_fa2_q_outer) or all (default)
   --warmup N          untimed runs before timing (default 3)
   --iters N           timed runs; median, p20, p80 reported (default 20);
                       0 runs each stage once, untimed (for profilers)
+  --backward          also run, check and time the backward pass (stages that
+                      have one), from the forward's O and L and a random dO;
+                      with model, print the backward's model
   --no-check          skip the fp64 reference check
   --format F          table (default), csv or json
   --save DIR          write Q, K, V and each stage's O_<stage>.npy, L_<stage>.npy
+                      (with --backward also dO and dQ_, dK_, dV_<stage>.npy)
   -h, --help          this text
 )";
 }
@@ -251,6 +353,7 @@ Options parse_args(const std::vector<std::string>& args) {
       o.iterations = static_cast<int>(n);
     }
     else if (flag == "--no-check") { no_value(); o.check = false; }
+    else if (flag == "--backward") { no_value(); o.backward = true; }
     else if (flag == "--format") {
       const std::string f = value();
       if (f == "table") o.format = Format::kTable;
@@ -264,7 +367,8 @@ Options parse_args(const std::vector<std::string>& args) {
     if (flag.rfind("--", 0) == 0) o.given.insert(flag);
   }
   validate(o.problem);
-  selected_stages(o.stages);  // an unknown stage is a usage error, found before any work
+  const auto stages = selected_stages(o.stages);  // an unknown stage is a usage error, found before any work
+  if (o.backward) backward_stages(stages);
   return o;
 }
 
@@ -291,13 +395,19 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
       err << "flashstep: no usable CUDA device (" << why
           << "); printing the modelled traffic only, no timings\n";
     }
-    print(model_report(p, stages), o.format, out);
+    print(model_report(p, o.backward ? backward_stages(stages) : stages, o.backward), o.format,
+          out);
     return kExitOk;
   }
 
+  std::vector<float> dO;  // [B, H, Nq, d], for --backward
   try {
     if (o.load_dir.empty()) in = random_inputs(p, o.seed);
-    if (!o.save_dir.empty()) save_inputs(o.save_dir, p, in);
+    if (o.backward) dO = load_or_draw_output_grad(o.load_dir, p, o.seed);
+    if (!o.save_dir.empty()) {
+      save_inputs(o.save_dir, p, in);
+      if (o.backward) write_npy(o.save_dir + "/dO.npy", {p.B, p.H, p.Nq, p.d}, dO.data());
+    }
   } catch (const Error& e) {
     err << "flashstep: " << e.what() << "\n";
     return kExitUsage;
@@ -312,6 +422,8 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
         << "...\n";
     ref = reference_forward_rows(p, in.Q.data(), in.K.data(), in.V.data(), std::max<std::int64_t>(step, 1));
   }
+  std::optional<ReferenceGradients> ref_grad;
+  if (o.check && o.backward) ref_grad = reference_gradients(p, in, dO, err);
 
   const DeviceInfo dev = device_info();
   Report r;
@@ -319,6 +431,12 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
             "; TFLOP/s counts 4*B*H*Nq*Nk*d (halved if causal); HBM = modelled bytes";
   r.columns = {"stage", "check", "max err O", "max err L", "median ms", "p20 ms", "p80 ms",
                "TFLOP/s", "HBM read", "HBM write", "blocks"};
+  if (o.backward) {
+    r.title += "; backward TFLOP/s counts 2.5x the forward's FLOPs";
+    r.columns.insert(r.columns.end(),
+                     {"bwd check", "max err dQKV", "bwd median ms", "bwd p20 ms", "bwd p80 ms",
+                      "bwd TFLOP/s", "bwd HBM read", "bwd HBM write", "bwd memory"});
+  }
   r.columns.insert(r.columns.end(), kProblemColumns.begin(), kProblemColumns.end());
   r.columns.push_back(".gpu");
   bool all_ok = true;
@@ -327,7 +445,8 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     err << "flashstep: [" << k + 1 << "/" << stages.size() << "] " << s.name << "...\n";
     StageResult res;
     try {
-      DeviceRun run(s, p, in.Q.data(), in.K.data(), in.V.data());
+      const bool backward = o.backward && s.backward;
+      DeviceRun run(s, p, in.Q.data(), in.K.data(), in.V.data(), backward ? dO.data() : nullptr);
       std::vector<float> O, L;
       run.run(O, L);
       if (ref) {
@@ -350,11 +469,28 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
         }
       }
       if (o.iterations > 0) res.timing = run.time(o.warmup, o.iterations);
+      if (backward) {
+        res.backward_status = "error";
+        std::vector<float> dQ, dK, dV;
+        run.run_backward(dQ, dK, dV);
+        res.backward_status = check_gradients(s, {&dQ, &dK, &dV}, ref_grad, res.grad_error, err);
+        if (!o.save_dir.empty()) {
+          const std::string tag = "_" + std::string(s.name) + ".npy";
+          write_npy(o.save_dir + "/dQ" + tag, {p.B, p.H, p.Nq, p.d}, dQ.data());
+          write_npy(o.save_dir + "/dK" + tag, {p.B, p.H, p.Nk, p.d}, dK.data());
+          write_npy(o.save_dir + "/dV" + tag, {p.B, p.H, p.Nk, p.d}, dV.data());
+        }
+        if (o.iterations > 0) res.backward_timing = run.time_backward(o.warmup, o.iterations);
+      }
     } catch (const Error& e) {
       err << "flashstep: " << s.name << ": " << e.what() << "\n";
-      res.status = "error";
+      // An error in the backward's run or timing fails the backward; any
+      // earlier one, the forward.
+      (res.backward_status == "-" ? res.status : res.backward_status) = "error";
     }
-    all_ok = all_ok && (res.status == "ok" || res.status == "unchecked");
+    all_ok = all_ok && (res.status == "ok" || res.status == "unchecked") &&
+             (res.backward_status == "-" || res.backward_status == "ok" ||
+              res.backward_status == "unchecked");
     const Cost c = s.model(p);
     const bool timed = res.timing.iterations > 0;
     const double nan = std::nan("");
@@ -366,6 +502,19 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
         number(timed ? res.timing.p80_ms : nan),
         number(timed ? p.forward_flops() / (res.timing.median_ms / kMsPerS) / kTera : nan, 3),
         bytes(c.hbm_read_bytes), bytes(c.hbm_write_bytes), integer(c.thread_blocks)};
+    if (o.backward) {
+      const bool bwd_timed = res.backward_timing.iterations > 0;
+      const double bwd_ms = res.backward_timing.median_ms;
+      const double bwd_flops = kBackwardFlopFactor * p.forward_flops();
+      const Cost b = s.backward ? s.backward_model(p) : Cost{};
+      append(row, {text(res.backward_status), number(res.grad_error, 2),
+                   number(bwd_timed ? bwd_ms : nan), number(bwd_timed ? res.backward_timing.p20_ms : nan),
+                   number(bwd_timed ? res.backward_timing.p80_ms : nan),
+                   number(bwd_timed ? bwd_flops / (bwd_ms / kMsPerS) / kTera : nan, 3),
+                   s.backward ? bytes(b.hbm_read_bytes) : number(nan),
+                   s.backward ? bytes(b.hbm_write_bytes) : number(nan),
+                   s.backward ? bytes(device_bytes_needed(s, p, true)) : number(nan)});
+    }
     append(row, problem_cells(p));
     row.push_back(text(dev.name));
     r.rows.push_back(row);

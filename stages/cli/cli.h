@@ -35,6 +35,7 @@ struct Options {
   std::string save_dir;        ///< write inputs and each stage's O, L here
   std::uint64_t seed = 0;      ///< seed of the random inputs
   bool check = true;           ///< compare with the fp64 reference
+  bool backward = false;       ///< also run the backward (stages that have one)
   std::set<std::string> given; ///< the flags given on the command line
 };
 
