@@ -3,8 +3,10 @@
 /// subtracted) and the logsumexp L. Host entry points; CUDA-free.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
+#include "common/naive_matmul.h"
 #include "common/stage.h"
 
 namespace flashstep::safe_softmax {
@@ -24,6 +26,51 @@ std::int64_t workspace_bytes(const Problem& p);
 /// Traffic and FLOPs: kernel 1 + softmax (S read three times, P and L
 /// written) + kernel 3.
 Cost model(const Problem& p);
+
+/// Threads per block of the backward's dS kernel: one block per row of dP, as
+/// the softmax; the work is elementwise, so 8 warps only keep a long row's
+/// loads in flight.
+inline constexpr int kDsThreads = 256;
+
+/// Grid x holds at most 2^31 - 1 blocks; the dS kernel walks longer row
+/// counts in strides.
+inline constexpr std::int64_t kDsMaxBlocks = 2147483647;
+
+/// The backward workspace's arrays start at multiples of this many bytes, as
+/// the workspace itself does (cudaMalloc's alignment).
+inline constexpr std::int64_t kBackwardAlignBytes = 256;
+
+/// Standard attention's backward, as autograd runs it, with P read from the
+/// forward's workspace (BackwardTensors::saved), never recomputed; only D is
+/// FlashAttention's rowsum(dO o O), where autograd sums dP o P over Nk:
+///   D  = rowsum(dO o O)                      launch_row_dot
+///   dV = P^T dO                              launch_gemm
+///   dP = dO V^T         -> workspace         launch_gemm
+///   dS = P o (dP - D)   in place over dP     ds_kernel (safe_softmax_backward.cu)
+///   dQ = scale dS K                          launch_gemm
+///   dK = scale dS^T Q                        launch_gemm
+void backward(const Problem& p, const BackwardTensors& t, Stream stream);
+
+/// The four products of the backward as batched GEMMs over the B*H heads,
+/// shared by backward() and backward_model() so that the model counts what runs.
+struct BackwardGemms {
+  Gemm dV;  ///< [Nk, d] = P^T [Nk, Nq] dO [Nq, d]
+  Gemm dP;  ///< [Nq, Nk] = dO [Nq, d] V^T [d, Nk]
+  Gemm dQ;  ///< [Nq, d] = scale * dS [Nq, Nk] K [Nk, d]
+  Gemm dK;  ///< [Nk, d] = scale * dS^T [Nk, Nq] Q [Nq, d]
+};
+BackwardGemms backward_gemms(const Problem& p);
+
+/// Byte offset of D [B, H, Nq] in the backward workspace: after dP/dS, rounded
+/// up to kBackwardAlignBytes.
+std::int64_t backward_D_offset(const Problem& p);
+
+/// dP (then dS, in place) [B, H, Nq, Nk] and D [B, H, Nq].
+std::int64_t backward_workspace_bytes(const Problem& p);
+
+/// Traffic and FLOPs of the backward: row_dot_cost + the four gemm_costs + the
+/// dS kernel (P and dP read once, one D per row, dS written once).
+Cost backward_model(const Problem& p);
 
 }  // namespace flashstep::safe_softmax
 

@@ -1,5 +1,9 @@
-// Stage 02's model and registry entry (host only).
+// Stage 02's models (forward and backward), backward GEMM shapes and registry
+// entry (host only).
+#include <algorithm>
+
 #include "common/naive_matmul.h"
+#include "common/row_dot.h"
 #include "safe_softmax.h"
 
 namespace flashstep::safe_softmax {
@@ -24,6 +28,67 @@ Cost model(const Problem& p) {
   return c;
 }
 
+BackwardGemms backward_gemms(const Problem& p) {
+  const std::int64_t BH = p.heads();
+  const auto scale = static_cast<float>(p.softmax_scale());
+  BackwardGemms g;
+  // dV = P^T dO: P is stored [Nq, Nk], so op(A) = P^T.
+  g.dV.batch = BH;
+  g.dV.M = p.Nk;
+  g.dV.N = p.d;
+  g.dV.K = p.Nq;
+  g.dV.transpose_A = true;
+  // dP = dO V^T: V is stored [Nk, d], so op(B) = V^T.
+  g.dP.batch = BH;
+  g.dP.M = p.Nq;
+  g.dP.N = p.Nk;
+  g.dP.K = p.d;
+  g.dP.transpose_B = true;
+  // dQ = scale dS K: both as stored.
+  g.dQ.batch = BH;
+  g.dQ.M = p.Nq;
+  g.dQ.N = p.d;
+  g.dQ.K = p.Nk;
+  g.dQ.alpha = scale;
+  // dK = scale dS^T Q: dS is stored [Nq, Nk], so op(A) = dS^T.
+  g.dK.batch = BH;
+  g.dK.M = p.Nk;
+  g.dK.N = p.d;
+  g.dK.K = p.Nq;
+  g.dK.transpose_A = true;
+  g.dK.alpha = scale;
+  return g;
+}
+
+std::int64_t backward_D_offset(const Problem& p) {
+  const std::int64_t dS_bytes = p.score_elems() * kElemBytes;
+  return (dS_bytes + kBackwardAlignBytes - 1) / kBackwardAlignBytes * kBackwardAlignBytes;
+}
+
+std::int64_t backward_workspace_bytes(const Problem& p) {
+  return backward_D_offset(p) + p.lse_elems() * kElemBytes;
+}
+
+Cost backward_model(const Problem& p) {
+  const std::int64_t scores = p.score_elems();
+  const std::int64_t rows = p.heads() * p.Nq;
+  Cost ds;
+  // P and dP read once, D once per row; dS written once over dP.
+  ds.hbm_read_bytes = (2 * scores + rows) * kElemBytes;
+  ds.hbm_write_bytes = scores * kElemBytes;
+  ds.nonmatmul_flops = 2 * scores;  // subtract D_r, multiply by P
+  ds.thread_blocks = std::min(rows, kDsMaxBlocks);
+  const BackwardGemms g = backward_gemms(p);
+  // In launch order.
+  Cost c = row_dot_cost(p);
+  c += gemm_cost(g.dV);
+  c += gemm_cost(g.dP);
+  c += ds;
+  c += gemm_cost(g.dQ);
+  c += gemm_cost(g.dK);
+  return c;
+}
+
 }  // namespace flashstep::safe_softmax
 
 namespace flashstep {
@@ -36,6 +101,9 @@ std::vector<Stage> stages_02_safe_softmax() {
   s.forward = safe_softmax::forward;
   s.workspace_bytes = safe_softmax::workspace_bytes;
   s.model = safe_softmax::model;
+  s.backward = safe_softmax::backward;
+  s.backward_workspace_bytes = safe_softmax::backward_workspace_bytes;
+  s.backward_model = safe_softmax::backward_model;
   return {s};
 }
 

@@ -1,4 +1,4 @@
-// Closed-form models of kernels 1 and 3 (naive_matmul.cu), host-only.
+// Closed-form models of kernels 1 and 3 and of gemm_kernel (naive_matmul.cu), host-only.
 #include "naive_matmul.h"
 
 namespace flashstep {
@@ -36,6 +36,23 @@ Cost pv_cost(const Problem& p) {
   c.sram_read_bytes = 2 * p.score_elems() * p.d * kElemBytes;
   c.matmul_flops = 2 * p.score_elems() * p.d;
   c.thread_blocks = BH * tiles(p.Nq) * tiles(p.d);
+  return c;
+}
+
+Cost gemm_cost(const Gemm& g) {
+  // Block (tm, tn) loads its 32 rows of op(A) and 32 columns of op(B), all K
+  // of each: op(A) is read once per column tile of C, op(B) once per row
+  // tile. Transposes change the order of the loads, not their number.
+  const std::int64_t loaded = g.batch * (g.M * g.K * tiles(g.N) + g.K * g.N * tiles(g.M));
+  const std::int64_t outputs = g.batch * g.M * g.N;
+  Cost c;
+  c.hbm_read_bytes = loaded * kElemBytes;
+  c.hbm_write_bytes = outputs * kElemBytes;
+  c.sram_write_bytes = loaded * kElemBytes;            // each loaded element is staged once
+  c.sram_read_bytes = 2 * outputs * g.K * kElemBytes;  // an op(A) and an op(B) element per FMA
+  c.matmul_flops = 2 * outputs * g.K;
+  c.nonmatmul_flops = g.alpha != 1.0f ? outputs : 0;   // the alpha multiply, skipped at 1
+  c.thread_blocks = g.batch * tiles(g.M) * tiles(g.N);
   return c;
 }
 
