@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""Draws the results plots (PNG) from the recorded CSVs.
+
+Reads docs/results/forward.csv (sweep.py), peers.csv (peers.py), traffic.csv
+(traffic.py) and ceilings.csv (ceilings.py) and writes to docs/results/plots/:
+
+  time_vs_n.png    median time against N, every stage and the fp32 SDPA peers
+  tflops_vs_n.png  TFLOP/s against N, the same runs
+  hbm_vs_n.png     modelled HBM bytes against N; ncu's DRAM and requested bytes
+  roofline.png     the measured ceilings, each stage at one reference problem
+
+and plots.json, the fingerprint (sha256) of the CSVs and of this script the
+PNGs were drawn from. Like tables.py, nothing here is typed by hand: rerun the
+benchmarks, then this. `--check` needs no matplotlib: it fails when a CSV or
+this script changed since the PNGs were drawn, when a PNG is missing, or when
+README.md shows a plot that is not generated. PNG bytes are not compared
+(they differ between matplotlib versions).
+
+    python3 tests/bench/plots.py [--check]
+
+Needs matplotlib (Debian: python3-matplotlib; `make deps` installs it).
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tables import FP32_PEERS, RESULTS, ROOT, read  # noqa: E402
+
+PLOTS = os.path.join(RESULTS, "plots")
+SIDECAR = os.path.join(PLOTS, "plots.json")
+INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv")
+
+# Fixed size and resolution, no timestamp or version in the file: the same
+# CSVs and the same matplotlib give the same bytes.
+DPI = 100
+PNG_METADATA = {"Software": None}
+# The roofline's reference problem: the README's "at a glance" table's.
+REF_N, REF_D = 4096, 64
+# Datasheet fp32 FMA peak (dense, non-tensor) in TFLOP/s, drawn dashed on the
+# roofline for the GPUs listed; any other GPU gets its measured ceilings only.
+DATASHEET_FP32_TFLOPS = {"NVIDIA H200": 67.0, "NVIDIA H100 80GB HBM3": 67.0}
+FLOP_RULE = "FLOPs = 4·B·H·N²·d, halved if causal"
+SWEEP_RULE = "B = 16384/N, H = 2048/d"
+
+# One look per series, the same in every plot: colour by stage, and a marker
+# and line style so that series lying on top of each other (04 and 05 share a
+# traffic model) stay apart.
+STAGE_STYLE = [("C0", "o", "-"), ("C1", "s", "--"), ("C2", "^", "-"), ("C3", "v", "--"),
+               ("C4", "D", "-"), ("C5", "P", "-"), ("C6", "X", ":"), ("C7", "*", "-"),
+               ("C8", "h", "--"), ("C9", "<", "-")]
+PEER_STYLE = {"sdpa_efficient_fp32": ("black", None, "--"),
+              "sdpa_math_fp32": ("0.55", None, ":")}
+
+
+# ------------------------------------------------------------------ fingerprint
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def fingerprint():
+    """What the PNGs are drawn from: each present CSV's hash, rows and commit, and this script."""
+    inputs = {}
+    for name in INPUTS:
+        path = os.path.join(RESULTS, name)
+        if os.path.exists(path):
+            rows = read(name)
+            inputs[name] = {"sha256": sha256(path), "rows": len(rows),
+                            "commit": rows[0].get("commit", "")[:10] if rows else ""}
+    return {"inputs": inputs, "generator": {"tests/bench/plots.py": sha256(os.path.abspath(__file__))}}
+
+
+def readme_plots():
+    """docs/results/plots/*.png paths that README.md shows."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return sorted(set(re.findall(r"docs/results/plots/([\w.-]+\.png)", f.read())))
+
+
+def check():
+    """Problems that make the PNGs stale or missing (empty when up to date)."""
+    if not os.path.exists(SIDECAR):
+        return [f"{os.path.relpath(SIDECAR, ROOT)} is missing"]
+    with open(SIDECAR) as f:
+        recorded = json.load(f)
+    now = fingerprint()
+    problems = []
+    for name in sorted(set(recorded["inputs"]) | set(now["inputs"])):
+        if recorded["inputs"].get(name, {}).get("sha256") != now["inputs"].get(name, {}).get("sha256"):
+            problems.append(f"docs/results/{name} changed since the plots were drawn")
+    if recorded["generator"] != now["generator"]:
+        problems.append("tests/bench/plots.py changed since the plots were drawn")
+    for png in recorded["outputs"]:
+        if not os.path.exists(os.path.join(PLOTS, png)):
+            problems.append(f"docs/results/plots/{png} is missing")
+    for png in readme_plots():
+        if png not in recorded["outputs"]:
+            problems.append(f"README.md shows docs/results/plots/{png}, which plots.py does not draw")
+    return problems
+
+
+# ------------------------------------------------------------------ data
+
+def num(x):
+    return float(x) if x not in ("", None) else None
+
+
+def provenance(rows, name):
+    r = rows[0]
+    return f"{name}: {r.get('gpu') or 'GPU not recorded'}, {r['date']}, commit {r['commit'][:10]}"
+
+
+def series(rows, stage, d, causal, key):
+    """(N, value) pairs of one stage on one (d, causal), N ascending, empty cells left out."""
+    pts = [(int(r["Nq"]), num(r[key])) for r in rows
+           if r["stage"] == stage and int(r["d"]) == d and r["causal"] == str(int(causal))]
+    return sorted((n, v) for n, v in pts if v is not None)
+
+
+def stage_styles(stages):
+    return {s: STAGE_STYLE[k % len(STAGE_STYLE)] for k, s in enumerate(stages)}
+
+
+def stage_zorder(stages):
+    """Broken lines over solid ones: where two stages coincide (01 and 02, 04 and 05), both show."""
+    styles = stage_styles(stages)
+    return {s: (2.5 if styles[s][2] != "-" else 2) + 0.01 * (len(stages) - k)
+            for k, s in enumerate(stages)}
+
+
+# ------------------------------------------------------------------ drawing
+
+def log2_n_axis(ax, ns):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns)
+    ax.set_xticklabels([f"{n // 1024}k" if n >= 1024 else str(n) for n in ns])
+    ax.set_xlabel("sequence length N")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def save(fig, name, out):
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=DPI, metadata=PNG_METADATA)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    print(f"plots: wrote {os.path.relpath(path, ROOT)}")
+
+
+def sweep_figure(fwd, peers, key, ylabel, title, logy):
+    """2 x 2 panels (d x causal) of `key` against N for every stage and fp32 peer."""
+    import matplotlib.pyplot as plt
+    stages = list(dict.fromkeys(r["stage"] for r in fwd))
+    styles, zorder = stage_styles(stages), stage_zorder(stages)
+    ns = sorted({int(r["Nq"]) for r in fwd})
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), sharex=True)
+    handles = {}
+    for i, d in enumerate((64, 128)):
+        for j, causal in enumerate((False, True)):
+            ax = axes[i][j]
+            for s in stages:
+                pts = series(fwd, s, d, causal, key)
+                if pts:
+                    c, m, ls = styles[s]
+                    (h,) = ax.plot(*zip(*pts), color=c, marker=m, linestyle=ls, label=s,
+                                   zorder=zorder[s])
+                    handles.setdefault(s, h)
+            for p, label in FP32_PEERS.items():
+                pts = series(peers, p, d, causal, key)
+                if pts:
+                    c, m, ls = PEER_STYLE[p]
+                    (h,) = ax.plot(*zip(*pts), color=c, linestyle=ls, linewidth=2, label=label)
+                    handles.setdefault(label, h)
+            ax.set_title(f"d = {d}, {'causal' if causal else 'non-causal'}")
+            log2_n_axis(ax, ns)
+            if not ax.lines:
+                ax.text(0.5, 0.5, "not in forward.csv", transform=ax.transAxes,
+                        ha="center", va="center", color="0.4")
+                ax.set_yticks([])
+                continue
+            if logy:
+                ax.set_yscale("log")
+            else:
+                ax.set_ylim(bottom=0)
+            if j == 0:
+                ax.set_ylabel(ylabel)
+            ax.tick_params(labelbottom=True)
+    src = provenance(fwd, "forward.csv") + (f"; {provenance(peers, 'peers.csv')}" if peers else "")
+    fig.suptitle(f"{title}\n{src}", fontsize=11)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=5, fontsize=9,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def hbm_figure(fwd, traffic):
+    """Top: modelled HBM bytes against N (non-causal). Bottom: model, requested, DRAM at ncu's N."""
+    import matplotlib.pyplot as plt
+    stages = list(dict.fromkeys(r["stage"] for r in fwd))
+    styles, zorder = stage_styles(stages), stage_zorder(stages)
+    ns = sorted({int(r["Nq"]) for r in fwd})
+    tr_ok = [r for r in traffic if r["dram_read"]]
+    fig, axes = plt.subplots(2 if tr_ok else 1, 2, figsize=(13, 10 if tr_ok else 5.5),
+                             squeeze=False)
+    handles = {}
+    for j, d in enumerate((64, 128)):
+        ax = axes[0][j]
+        for s in stages:
+            pts = [(int(r["Nq"]), (int(r["HBM read"]) + int(r["HBM write"])) / 1e9) for r in fwd
+                   if r["stage"] == s and int(r["d"]) == d and r["causal"] == "0"]
+            if pts:
+                c, m, ls = styles[s]
+                (h,) = ax.plot(*zip(*sorted(pts)), color=c, marker=m, linestyle=ls, label=s,
+                               zorder=zorder[s])
+                handles.setdefault(s, h)
+        mine = [r for r in tr_ok if int(r["d"]) == d]
+        for r in mine:
+            c, m, ls = styles.get(r["stage"], ("k", "o", "-"))
+            dram = (int(r["dram_read"]) + int(r["dram_write"])) / 1e9
+            ax.scatter([int(r["N"])], [dram], s=110, facecolors="none", edgecolors=c,
+                       linewidths=2, marker=m, zorder=3)
+        if mine:  # one neutral legend entry for all stages' open markers
+            (h,) = ax.plot([], [], linestyle="none", marker="o", markersize=10,
+                           markerfacecolor="none", markeredgecolor="black", markeredgewidth=2)
+            handles.setdefault(f"ncu DRAM read + write at N = {mine[0]['N']} "
+                               "(open markers, stage colours)", h)
+        ax.set_yscale("log")
+        ax.set_title(f"d = {d}, non-causal: model (lines)"
+                     + (", ncu DRAM (open markers)" if mine else ""), fontsize=11)
+        log2_n_axis(ax, ns)
+        if j == 0:
+            ax.set_ylabel("HBM bytes, read + write (GB, log)")
+
+        if not tr_ok:
+            continue
+        ax = axes[1][j]
+        bars = [r for r in tr_ok if int(r["d"]) == d]
+        width = 0.27
+        kinds = [("model", "model_read", "model_write", "0.25", None),
+                 ("ncu requested (L1 global ld+st)", "requested_read", "requested_write", "0.6", None),
+                 ("ncu DRAM read + write", "dram_read", "dram_write", "white", "//")]
+        for k, (label, rd, wr, colour, hatch) in enumerate(kinds):
+            xs = [i + (k - 1) * width for i in range(len(bars))]
+            ys = [(int(r[rd]) + int(r[wr])) / 1e9 for r in bars]
+            h = ax.bar(xs, ys, width, color=colour, edgecolor="black", hatch=hatch, label=label)
+            handles.setdefault(label, h)
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([r["stage"] for r in bars], rotation=30, ha="right", fontsize=9)
+        ax.set_yscale("log")
+        ax.grid(True, axis="y", alpha=0.3)
+        if bars:
+            ax.set_title(f"d = {d}, N = {bars[0]['N']}, B = {bars[0]['B']}, H = {bars[0]['H']}: "
+                         "what ncu counted")
+        if j == 0:
+            ax.set_ylabel("GB, read + write (log)")
+    src = provenance(fwd, "forward.csv") + (f"; {provenance(traffic, 'traffic.csv')}"
+                                            if tr_ok else "")
+    if tr_ok:
+        what = "modelled and measured with ncu"
+    elif traffic:
+        what = f"modelled (ncu read no counters: {traffic[0]['note'][:60]})"
+    else:
+        what = "modelled (no traffic.csv: run tests/bench/traffic.py)"
+    fig.suptitle(f"HBM traffic of the forward pass, {what} (fp32; {SWEEP_RULE})\n{src}",
+                 fontsize=11)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=5, fontsize=9,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if tr_ok else 0.1, 1, 1))
+    return fig
+
+
+def roofline_figure(fwd, peers, ceilings):
+    """Measured ceilings, and each stage at (FLOPs / modelled bytes, measured TFLOP/s)."""
+    import matplotlib.pyplot as plt
+    ceil = {r["ceiling"]: r for r in ceilings}
+    bw = float(ceil["copy"]["value"]) if "copy" in ceil else None            # TB/s
+    gemm = float(ceil["sgemm"]["value"]) if "sgemm" in ceil else None        # TFLOP/s
+    gpu = ceilings[0].get("gpu", "")
+    sheet = DATASHEET_FP32_TFLOPS.get(gpu)
+    stages = list(dict.fromkeys(r["stage"] for r in fwd))
+    styles = stage_styles(stages)
+    ref = [r for r in fwd if int(r["Nq"]) == REF_N and int(r["d"]) == REF_D and r["causal"] == "0"]
+
+    fig, ax = plt.subplots(figsize=(11, 7.5))
+    x_lo, x_hi = 1.0, 300.0
+    xs = [x_lo * (x_hi / x_lo) ** (k / 200) for k in range(201)]
+    tops = [t for t in (gemm, sheet) if t]
+    if bw:
+        for top, style, label in ((gemm, "-", f"measured: copy {bw:g} TB/s, cuBLAS fp32 GEMM {gemm:g} TFLOP/s"),
+                                  (sheet, "--", f"datasheet fp32 FMA peak {sheet:g} TFLOP/s")):
+            if top:
+                ax.plot(xs, [min(bw * x, top) for x in xs], color="black", linestyle=style,
+                        linewidth=2 if style == "-" else 1.2, label=label)
+        if gemm:
+            ridge = gemm / bw
+            ax.axvline(ridge, color="black", alpha=0.25, linewidth=1)
+            ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, 1.5 * max(tops)), xytext=(4, 0),
+                        textcoords="offset points", fontsize=9, alpha=0.7)
+    for r in ref:
+        flops = 4.0 * int(r["B"]) * int(r["H"]) * int(r["Nq"]) * int(r["Nk"]) * int(r["d"])
+        hbm = int(r["HBM read"]) + int(r["HBM write"])
+        c, m, _ = styles[r["stage"]]
+        ax.scatter([flops / hbm], [float(r["TFLOP/s"])], s=120, color=c, marker=m,
+                   edgecolors="black", linewidths=0.6, zorder=3,
+                   label=f"{r['stage']}: {flops / hbm:.1f} FLOP/B, {float(r['TFLOP/s']):.1f} TFLOP/s")
+    for p, label in FP32_PEERS.items():
+        hit = [r for r in peers if r["stage"] == p and int(r["Nq"]) == REF_N
+               and int(r["d"]) == REF_D and r["causal"] == "0" and r["TFLOP/s"]]
+        if hit:
+            # Dash-dot and dotted, so as not to read as the dashed datasheet roof.
+            c, _, ls = PEER_STYLE[p]
+            ax.axhline(float(hit[0]["TFLOP/s"]), color=c, linestyle="-." if ls == "--" else ls,
+                       linewidth=1,
+                       label=f"{label}: {float(hit[0]['TFLOP/s']):.1f} TFLOP/s (its bytes not modelled)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(1, 2 * max(tops + [1]))
+    ax.set_xlabel("arithmetic intensity: 4·B·H·N²·d FLOPs / modelled HBM bytes (read + write)")
+    ax.set_ylabel("TFLOP/s (measured, 4·B·H·N²·d / median time)")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(loc="lower right", fontsize=8.5, framealpha=0.95)
+    b = ref[0] if ref else {"B": "?", "H": "?"}
+    ax.set_title(f"Roofline, fp32 forward at N = {REF_N}, d = {REF_D}, B = {b['B']}, H = {b['H']}, "
+                 f"non-causal\n{provenance(fwd, 'forward.csv')}\n{provenance(ceilings, 'ceilings.csv')}",
+                 fontsize=10.5)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ main
+
+def draw(out):
+    import matplotlib
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "flashstep"  # no randomness anywhere
+    fwd, peers, traffic, ceilings = (read(n) for n in INPUTS)
+    if not fwd:
+        sys.exit("plots: no docs/results/forward.csv (run tests/bench/sweep.py on a GPU)")
+    os.makedirs(out, exist_ok=True)
+    drawn = []
+    title = (f"fp32 forward, median time ({SWEEP_RULE}: tokens per batch fixed, "
+             "so FLOPs grow as N)")
+    save(sweep_figure(fwd, peers, "median ms", "median ms (log)", title, True), "time_vs_n.png", out)
+    title = f"fp32 forward, TFLOP/s ({FLOP_RULE}; {SWEEP_RULE})"
+    save(sweep_figure(fwd, peers, "TFLOP/s", "TFLOP/s", title, False), "tflops_vs_n.png", out)
+    drawn += ["time_vs_n.png", "tflops_vs_n.png"]
+    save(hbm_figure(fwd, traffic), "hbm_vs_n.png", out)
+    drawn.append("hbm_vs_n.png")
+    if ceilings:
+        save(roofline_figure(fwd, peers, ceilings), "roofline.png", out)
+        drawn.append("roofline.png")
+    else:
+        print("plots: no docs/results/ceilings.csv (tests/bench/ceilings.py): no roofline")
+    return drawn
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true",
+                    help="fail if the PNGs are missing or older than the CSVs (no matplotlib needed)")
+    args = ap.parse_args(argv)
+    if args.check:
+        problems = check()
+        if problems:
+            sys.exit("plots: out of date (run python3 tests/bench/plots.py):\n  "
+                     + "\n  ".join(problems))
+        print("plots: up to date")
+        return
+    drawn = draw(PLOTS)
+    stale = [p for p in os.listdir(PLOTS) if p.endswith(".png") and p not in drawn]
+    for p in stale:
+        print(f"plots: warning: docs/results/plots/{p} is not drawn by plots.py", file=sys.stderr)
+    meta = fingerprint()
+    meta["outputs"] = drawn
+    with open(SIDECAR, "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.write("\n")
+    missing = [p for p in readme_plots() if p not in drawn]
+    if missing:
+        sys.exit("plots: README.md shows plots not drawn: " + ", ".join(missing))
+
+
+if __name__ == "__main__":
+    main()

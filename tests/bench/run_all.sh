@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# The whole GPU measurement in one command, on a machine with a CUDA device:
+# build, then record every CSV in docs/results/ and regenerate what is drawn
+# from them.
+#
+#   bash tests/bench/run_all.sh LOGDIR [STEP ...]
+#
+# Steps, in order (all of them when none is named):
+#   build     cmake --preset default, CUDA architectures from $CUDA_ARCHITECTURES (default 90)
+#   sweep     sweep.py          -> forward.csv  (the FlashAttention-2 paper's sweep)
+#   long      sweep.py --long   -> long.csv     (B=1, H=4, N=65536)
+#   peers     peers.py          -> peers.csv    (PyTorch SDPA; skipped without torch + CUDA)
+#   traffic   traffic.py        -> traffic.csv  (ncu; skipped without ncu, kept old if no counters)
+#   backward  backward.py       -> backward.csv, backward_memory.csv, backward_determinism.csv
+#             (stages 02 and 05 with SDPA's fp32 backwards when torch is there), then
+#             traffic.py --backward -> backward_traffic.csv (ncu, N = 4096)
+#   ceilings  ceilings.py       -> ceilings.csv (copy bandwidth, fp32 GEMM; skipped without torch)
+#   tables    tables.py         -> the README tables
+#   plots     plots.py          -> docs/results/plots/ (skipped without matplotlib)
+#
+# Each step logs to LOGDIR/NN_step.log and prints one progress line; a CSV
+# replaces the one in docs/results/ only when its script wrote it. At the end
+# LOGDIR/results.tar.gz holds docs/results/*.csv and the plots, and
+# LOGDIR/logs.tar.gz the logs: on a lent GPU, copy both to $OUT; here,
+# `tar xzf results.tar.gz` in the repository root, then tables.py and plots.py. The exit status is
+# non-zero when a step failed; the other steps still run.
+#
+# On the H200 the whole run takes over ten minutes (the long point alone
+# about four): where one command may run ten minutes at most, split it, e.g.
+#   bash tests/bench/run_all.sh /tmp/a build sweep peers ceilings
+#   bash tests/bench/run_all.sh /tmp/b long traffic tables plots
+#
+# Environment: CUDA_ARCHITECTURES (90), BUILD_DIR (build), PYTHON (python3),
+# FLASHSTEP_COMMIT (default: git rev-parse HEAD; the scripts record it),
+# SWEEP_ARGS (extra flags for sweep.py and peers.py, e.g. "--N 1024 --d 64"),
+# TRAFFIC_ARGS (extra flags for traffic.py, e.g. "--N 8192 --d 64").
+set -uo pipefail
+log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [build sweep long peers traffic backward ceilings tables plots]}
+shift
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build sweep long peers traffic backward ceilings tables plots)
+
+mkdir -p "$log" && log=$(cd "$log" && pwd) || exit 1
+cd "$(dirname "$0")/../.." || exit 1
+export PATH="$PATH:/usr/local/cuda/bin"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+build=${BUILD_DIR:-build}
+archs=${CUDA_ARCHITECTURES:-90}
+exe="$build/stages/cli/flashstep"
+results=docs/results
+read -r -a sweep_args <<<"${SWEEP_ARGS:-}"
+read -r -a traffic_args <<<"${TRAFFIC_ARGS:-}"
+if [ -z "${FLASHSTEP_COMMIT:-}" ]; then
+  FLASHSTEP_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+  if [ "$FLASHSTEP_COMMIT" != unknown ] && ! git diff --quiet HEAD -- 2>/dev/null; then
+    echo "run_all: warning: the working tree differs from $FLASHSTEP_COMMIT; the CSVs will name that commit"
+  fi
+fi
+export FLASHSTEP_COMMIT
+
+failed=()
+n=0
+t_all=$SECONDS
+say() { echo "run_all: [$(date +%H:%M:%S)] $*"; }
+
+# step NAME COMMAND...: runs COMMAND with its output in LOGDIR/NN_NAME.log.
+step() {
+  local name=$1; shift
+  local file; file=$(printf '%s/%02d_%s.log' "$log" "$n" "$name")
+  local t0=$SECONDS
+  say "$name: $*"
+  "$@" >"$file" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then
+    say "$name: ok ($((SECONDS - t0)) s)"
+  else
+    say "$name: FAILED, exit $rc ($((SECONDS - t0)) s); last lines of $file:"
+    tail -n 5 "$file" | sed 's/^/    /'
+    failed+=("$name")
+  fi
+  return $rc
+}
+
+# record NAME CSV: moves a freshly written CSV from LOGDIR into docs/results/.
+record() {
+  if [ -s "$log/$2" ]; then
+    cp "$log/$2" "$results/$2" && say "$1: wrote $results/$2"
+  else
+    say "$1: no $2 written; $results/$2 left as it was"
+  fi
+}
+
+have_torch() {
+  "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
+}
+
+say "commit $FLASHSTEP_COMMIT; steps: ${steps[*]}; logs in $log"
+for s in "${steps[@]}"; do
+  n=$((n + 1))
+  case $s in
+    build)
+      step configure cmake --preset default -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+        && step build cmake --build "$build" --target flashstep
+      ;;
+    sweep)
+      step sweep "$py" tests/bench/sweep.py --flashstep "$exe" --out "$log/forward.csv" \
+        "${sweep_args[@]}"
+      record sweep forward.csv
+      ;;
+    long)
+      step long "$py" tests/bench/sweep.py --flashstep "$exe" --long --out "$log/long.csv"
+      record long long.csv
+      ;;
+    peers)
+      if have_torch; then
+        step peers "$py" tests/bench/peers.py --out "$log/peers.csv" "${sweep_args[@]}"
+        record peers peers.csv
+      else
+        say "peers: skipped, no PyTorch with CUDA for $py; $results/peers.csv left as it was"
+      fi
+      ;;
+    traffic)
+      if ! command -v ncu >/dev/null; then
+        say "traffic: skipped, no ncu on PATH; $results/traffic.csv left as it was"
+        continue
+      fi
+      step traffic "$py" tests/bench/traffic.py --flashstep "$exe" --out "$log/traffic.csv" \
+        "${traffic_args[@]}"
+      # traffic.py writes a row per stage even when ncu reads no counters;
+      # such a file must not replace a measured one.
+      if [ -s "$log/traffic.csv" ] && "$py" -c '
+import csv, sys
+sys.exit(0 if any(r["dram_read"] for r in csv.DictReader(open(sys.argv[1]))) else 1)' \
+          "$log/traffic.csv"; then
+        record traffic traffic.csv
+      else
+        say "traffic: skipped, ncu read no counters here (see $log/traffic.csv); $results/traffic.csv left as it was"
+      fi
+      ;;
+    backward)
+      peers_flag=()
+      have_torch || peers_flag=(--no-peers)
+      step backward "$py" tests/bench/backward.py --flashstep "$exe" --out "$log/backward.csv" \
+        --memory-out "$log/backward_memory.csv" \
+        --determinism-out "$log/backward_determinism.csv" --workdir "$log/npy" \
+        "${sweep_args[@]}" "${peers_flag[@]}"
+      rm -rf "$log/npy"
+      for f in backward.csv backward_memory.csv backward_determinism.csv; do record backward "$f"; done
+      if command -v ncu >/dev/null; then
+        step backward_traffic "$py" tests/bench/traffic.py --flashstep "$exe" --backward \
+          --N 4096 --out "$log/backward_traffic.csv"
+        record backward_traffic backward_traffic.csv
+      fi
+      ;;
+    ceilings)
+      if have_torch; then
+        step ceilings "$py" tests/bench/ceilings.py --out "$log/ceilings.csv"
+        record ceilings ceilings.csv
+      else
+        say "ceilings: skipped, no PyTorch with CUDA for $py; $results/ceilings.csv left as it was"
+      fi
+      ;;
+    tables)
+      step tables "$py" tests/bench/tables.py
+      ;;
+    plots)
+      if "$py" -c 'import matplotlib' >/dev/null 2>&1; then
+        step plots "$py" tests/bench/plots.py
+      else
+        say "plots: skipped, no matplotlib for $py (Debian: python3-matplotlib)"
+      fi
+      ;;
+    *)
+      say "unknown step '$s' (build sweep long peers traffic backward ceilings tables plots)"
+      failed+=("$s")
+      ;;
+  esac
+done
+
+# What was measured, in two files: the results (paths from the repository
+# root) and the logs.
+packed=("$results"/*.csv)
+[ -d "$results/plots" ] && packed+=("$results/plots")
+tar czf "$log/results.tar.gz" "${packed[@]}"
+(cd "$log" && tar czf logs.tar.gz -- *.log)
+say "done in $((SECONDS - t_all)) s; $log/results.tar.gz (CSVs, plots), $log/logs.tar.gz"
+if [ ${#failed[@]} -gt 0 ]; then
+  say "failed: ${failed[*]}"
+  exit 1
+fi
