@@ -12,7 +12,11 @@ alone (autograd.grad with retain_graph), their gradients checked against fp64
 on head 0 where affordable, and their peak memory over forward + backward
 recorded. TFLOP/s counts 2.5 x the forward's 4*B*H*N^2*d (halved if causal).
 
-It writes two CSVs: the timings (--out) and the memory table (--memory-out):
+Last, dQ's run-to-run variation (--determinism-out): our backwards run
+DETERMINISM_RUNS times on the same inputs (`flashstep --backward --save`), and
+each run's dQ, dK, dV are compared with the first's, element by element.
+
+It writes the timings (--out) and the memory table (--memory-out):
 each backward's device memory at N = 16384 and the largest N (B = 1,
 H = 2048/d) it can run on this GPU. For our stages both come from the exact
 allocation (`flashstep model --backward`'s device memory). For the peers the
@@ -49,6 +53,12 @@ GRAD_TOLERANCE = (1e-4, 1e-4)  # common/check.h kFp32GradTolerance
 COLUMNS = ["stage", "check", "max err dQKV", "median ms", "p20 ms", "p80 ms", "TFLOP/s",
            "B", "H", "Nq", "Nk", "d", "causal", "memory", "HBM read", "HBM write", "iters",
            "note", "torch", "gpu", "driver", "max_sm_clock", "date", "commit"]
+DETERMINISM_RUNS = 5
+# (B, H, N, d, causal): moderate sizes, so the saved .npy files stay small.
+DETERMINISM_PROBLEMS = [(1, 8, 4096, 64, False), (1, 8, 4096, 64, True), (1, 8, 4096, 128, False)]
+DETERMINISM_COLUMNS = ["stage", "B", "H", "Nq", "Nk", "d", "causal", "runs", "dQ elements",
+                       "dQ differing", "dQ max abs diff", "dQ max rel diff", "dK identical",
+                       "dV identical", "gpu", "driver", "date", "commit"]
 MEMORY_COLUMNS = ["stage", "d", "N", "B", "H", "memory", "how", "largest N", "largest N how",
                   "gpu memory", "gpu", "driver", "date", "commit"]
 
@@ -82,6 +92,41 @@ def model_memory(exe, stage, B, H, N, d):
                           "--H", str(H), "--N", str(N), "--d", str(d), "--format", "csv"],
                          capture_output=True, text=True, check=True).stdout
     return int(next(csv.DictReader(io.StringIO(out)))["device memory"])
+
+
+def determinism(exe, workdir):
+    """Rows of dQ's (and dK's, dV's) variation over DETERMINISM_RUNS runs."""
+    import numpy as np
+    rows = []
+    for B, H, N, d, causal in DETERMINISM_PROBLEMS:
+        runs = []
+        for k in range(DETERMINISM_RUNS):
+            out = os.path.join(workdir, f"det{k}")
+            cmd = [exe, "--backward", "--stage", STAGES, "--B", str(B), "--H", str(H), "--N", str(N),
+                   "--d", str(d), "--iters", "0", "--no-check", "--save", out]
+            subprocess.run(cmd + (["--causal"] if causal else []), capture_output=True, check=True)
+            runs.append(out)
+        for stage in ("02_safe_softmax", "05_sequence_parallel"):
+            load = lambda run, g: np.load(os.path.join(run, f"{g}_{stage}.npy"))  # noqa: E731
+            first = {g: load(runs[0], g) for g in ("dQ", "dK", "dV")}
+            differing, max_abs, max_rel, same_k, same_v = 0, 0.0, 0.0, True, True
+            for run in runs[1:]:
+                dQ = load(run, "dQ")
+                diff = np.abs(dQ.astype(np.float64) - first["dQ"])
+                differing += int((dQ != first["dQ"]).sum())
+                max_abs = max(max_abs, float(diff.max()))
+                max_rel = max(max_rel, float((diff / np.maximum(np.abs(first["dQ"]), 1e-30)).max()))
+                same_k = same_k and np.array_equal(load(run, "dK"), first["dK"])
+                same_v = same_v and np.array_equal(load(run, "dV"), first["dV"])
+            rows.append({"stage": stage, "B": B, "H": H, "Nq": N, "Nk": N, "d": d,
+                         "causal": int(causal), "runs": DETERMINISM_RUNS,
+                         "dQ elements": first["dQ"].size * (DETERMINISM_RUNS - 1),
+                         "dQ differing": differing, "dQ max abs diff": f"{max_abs:.3g}",
+                         "dQ max rel diff": f"{max_rel:.3g}", "dK identical": int(same_k),
+                         "dV identical": int(same_v)})
+            print(f"determinism: {stage} N={N} d={d} causal={int(causal)}: {differing} dQ elements "
+                  f"differ, max rel {max_rel:.3g}", file=sys.stderr, flush=True)
+    return rows
 
 
 def largest_n(fits):
@@ -156,6 +201,8 @@ def main():
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="timings CSV to write")
     ap.add_argument("--memory-out", required=True, help="memory CSV to write")
+    ap.add_argument("--determinism-out", help="dQ run-to-run CSV to write (skipped if absent)")
+    ap.add_argument("--workdir", default="/tmp/flashstep_backward", help="scratch for .npy files")
     ap.add_argument("--N", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
@@ -250,7 +297,13 @@ def main():
         r.update({"gpu memory": gpu_memory or "", **{k: meta[k] for k in
                                                      ("gpu", "driver", "date", "commit")}})
 
-    for path, cols, data in ((args.out, COLUMNS, rows), (args.memory_out, MEMORY_COLUMNS, memory_rows)):
+    outputs = [(args.out, COLUMNS, rows), (args.memory_out, MEMORY_COLUMNS, memory_rows)]
+    if args.determinism_out:
+        det_rows = determinism(args.flashstep, args.workdir)
+        for r in det_rows:
+            r.update({k: meta[k] for k in ("gpu", "driver", "date", "commit")})
+        outputs.append((args.determinism_out, DETERMINISM_COLUMNS, det_rows))
+    for path, cols, data in outputs:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols)

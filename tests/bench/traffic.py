@@ -12,8 +12,14 @@ counters are summed per stage:
 The model's bytes come from `flashstep model`. Rows go to a CSV with the GPU,
 driver, date and commit. When ncu cannot read the counters, the CSV says so.
 
+With --backward it profiles the backward passes instead (`flashstep --backward`,
+only the backward's kernels, picked by name) beside `flashstep model
+--backward`. The zeroing of dQ is a cudaMemsetAsync, not a kernel, so ncu does
+not see its writes (N_q d floats per head) though the model counts them.
+
     python3 tests/bench/traffic.py --flashstep build/stages/cli/flashstep \
         --out docs/results/traffic.csv [--N 8192] [--d 64 128]
+    python3 tests/bench/traffic.py ... --backward --N 4096 --out docs/results/backward_traffic.csv
 """
 import argparse
 import csv
@@ -35,6 +41,9 @@ METRICS = {
 # Percentages, averaged over a stage's kernels weighted by their duration:
 # achieved occupancy (active warps over the maximum, on SMs while active) and
 # how busy the SMs were over the whole kernel (idle SMs pull it down).
+# The kernels of the backward passes (stages 02 and 05), for ncu's --kernel-name:
+# a --backward run also launches the forward, whose kernels are left out.
+BACKWARD_KERNELS = "regex:row_dot_kernel|backward_kernel|gemm_kernel|ds_kernel"
 PERCENTAGES = {
     "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "sm_active_pct": "sm__cycles_active.avg.pct_of_peak_sustained_elapsed",
@@ -47,11 +56,14 @@ def flashstep_csv(exe, args):
     return list(csv.DictReader(io.StringIO(out)))
 
 
-def profile(exe, stage, problem_args):
-    """Summed counters of every kernel one forward of `stage` launches, or an error."""
+def profile(exe, stage, problem_args, backward):
+    """Summed counters of every kernel one forward (or backward) of `stage`
+    launches, or an error."""
+    select = ["--kernel-name", BACKWARD_KERNELS] if backward else []
     cmd = ["ncu", "--clock-control", "none", "--replay-mode", "application", "--csv",
            "--print-units", "base", "--metrics", ",".join([*METRICS.values(), *PERCENTAGES.values()]),
-           exe, "--stage", stage, *problem_args, "--iters", "0", "--no-check"]
+           *select, exe, "--stage", stage, *problem_args, "--iters", "0", "--no-check",
+           *(["--backward"] if backward else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sums = {k: 0 for k in METRICS}
     per_kernel = {}  # kernel ID -> {metric name: value}
@@ -78,6 +90,7 @@ def main():
     ap.add_argument("--N", type=int, nargs="+", default=[8192])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--stage", default="all")
+    ap.add_argument("--backward", action="store_true", help="profile the backward passes")
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     args = ap.parse_args()
 
@@ -89,8 +102,9 @@ def main():
         for N in args.N:
             problem = ["--B", str(TOKENS // N), "--H", str(HIDDEN // d), "--N", str(N),
                        "--d", str(d)]
-            for m in flashstep_csv(args.flashstep, ["model", "--stage", args.stage, *problem]):
-                counters, error = profile(args.flashstep, m["stage"], problem)
+            model = ["model", "--stage", args.stage, *problem, *(["--backward"] if args.backward else [])]
+            for m in flashstep_csv(args.flashstep, model):
+                counters, error = profile(args.flashstep, m["stage"], problem, args.backward)
                 row = {"stage": m["stage"], "B": m["B"], "H": m["H"], "N": N, "d": d,
                        "model_read": m["HBM read"], "model_write": m["HBM write"]}
                 for key in [*METRICS, *PERCENTAGES, "kernels"]:
