@@ -57,7 +57,7 @@ DETERMINISM_RUNS = 5
 # (B, H, N, d, causal): moderate sizes, so the saved .npy files stay small.
 DETERMINISM_PROBLEMS = [(1, 8, 4096, 64, False), (1, 8, 4096, 64, True), (1, 8, 4096, 128, False)]
 DETERMINISM_COLUMNS = ["stage", "B", "H", "Nq", "Nk", "d", "causal", "runs", "dQ elements",
-                       "dQ differing", "dQ max abs diff", "dQ max rel diff", "dK identical",
+                       "dQ differing", "dQ max abs diff", "dQ max abs", "dQ max rel diff", "dK identical",
                        "dV identical", "gpu", "driver", "date", "commit"]
 MEMORY_COLUMNS = ["stage", "d", "N", "B", "H", "memory", "how", "largest N", "largest N how",
                   "gpu memory", "gpu", "driver", "date", "commit"]
@@ -122,6 +122,7 @@ def determinism(exe, workdir):
                          "causal": int(causal), "runs": DETERMINISM_RUNS,
                          "dQ elements": first["dQ"].size * (DETERMINISM_RUNS - 1),
                          "dQ differing": differing, "dQ max abs diff": f"{max_abs:.3g}",
+                         "dQ max abs": f"{float(np.abs(first['dQ']).max()):.3g}",
                          "dQ max rel diff": f"{max_rel:.3g}", "dK identical": int(same_k),
                          "dV identical": int(same_v)})
             print(f"determinism: {stage} N={N} d={d} causal={int(causal)}: {differing} dQ elements "
