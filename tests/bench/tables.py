@@ -5,7 +5,10 @@ Reads docs/results/forward.csv (sweep.py), docs/results/traffic.csv
 (traffic.py) and, when it exists, docs/results/peers.csv (peers.py: PyTorch
 SDPA on the same problems) and rewrites, between marker lines, the tables in
 README.md (<!-- results:forward:begin/end -->, <!-- results:traffic:begin/end -->)
-and in each stages/NN_slug/README.md (<!-- results:begin/end -->). The fp32
+and in each stages/NN_slug/README.md (<!-- results:begin/end -->). The
+backward's CSVs (backward.py: backward.csv, backward_memory.csv,
+backward_determinism.csv; traffic.py --backward: backward_traffic.csv) fill
+<!-- results:backward:begin/end --> wherever it appears. The fp32
 peers become extra rows of the forward tables, the bf16 peers a table of their
 own. Tables are never typed by hand: edit the CSVs by re-running the
 benchmarks, then this.
@@ -202,6 +205,85 @@ def long_table(rows):
     return "\n".join(lines) + "\n\n" + provenance(rows, "long.csv") + "\n"
 
 
+BACKWARD_LABELS = {"02_safe_softmax": "02_safe_softmax (standard, P in HBM)",
+                   "05_sequence_parallel": "05_sequence_parallel (FlashAttention-2, Algorithm 2)",
+                   **FP32_PEERS}
+
+
+def backward_tables(rows):
+    """TFLOP/s of every backward against N, one table per (d, causal)."""
+    ns = sorted({int(r["Nq"]) for r in rows})
+    out = []
+    for d in sorted({int(r["d"]) for r in rows}):
+        for causal in ("0", "1"):
+            sel = [r for r in rows if int(r["d"]) == d and r["causal"] == causal]
+            if not sel:
+                continue
+            lines = [f"**Backward, d = {d}, {'causal' if causal == '1' else 'non-causal'}** "
+                     "(TFLOP/s, 2.5 × 4·B·H·N²·d, halved if causal; B = 16384/N, H = 2048/d)", "",
+                     "| backward | " + " | ".join(f"N={n}" for n in ns) + " |",
+                     "| --- |" + " ---: |" * len(ns)]
+            for stage, label in BACKWARD_LABELS.items():
+                mine = [r for r in sel if r["stage"] == stage]
+                if mine:
+                    cells = [peer_cell([r for r in mine if int(r["Nq"]) == n]) for n in ns]
+                    lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def memory_table(rows):
+    """Each backward's device memory at N = 16384 and the largest N it can run."""
+    if not rows:
+        return ""
+    lines = [f"**Memory** (forward + backward: inputs, outputs, gradients, workspaces) at "
+             f"N = {rows[0]['N']}, B = 1, H = 2048/d, and the largest N at B = 1 on this GPU's "
+             f"{int(rows[0]['gpu memory']) / 1e9:.0f} GB:", "",
+             "| backward | d | memory at N = 16384 | largest N | how |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        lines.append(f"| {BACKWARD_LABELS.get(r['stage'], r['stage'])} | {r['d']} | "
+                     f"{int(r['memory']) / 1e9:.1f} GB | {int(r['largest N']):,} | "
+                     f"{r['how']}; {r['largest N how']} |")
+    return "\n".join(lines) + "\n"
+
+
+def determinism_table(rows):
+    """dQ's run-to-run variation (the atomics) and dK, dV's bit-identity."""
+    if not rows:
+        return ""
+    lines = [f"**Run to run** ({rows[0]['runs']} runs on the same inputs, each compared with "
+             "the first, element by element):", "",
+             "| backward | problem | dQ elements that differ | largest dQ difference "
+             "| largest dQ | dK, dV bit-identical |",
+             "| --- | --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        share = int(r["dQ differing"]) / int(r["dQ elements"])
+        same = "yes" if r["dK identical"] == "1" and r["dV identical"] == "1" else "no"
+        lines.append(f"| {r['stage']} | B={r['B']} H={r['H']} N={r['Nq']} d={r['d']}"
+                     f"{' causal' if r['causal'] == '1' else ''} | {share:.0%} | "
+                     f"{float(r['dQ max abs diff']):.2g} | {float(r['dQ max abs']):.2g} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
+def backward_body():
+    """Everything the backward's CSVs say, for <!-- results:backward -->."""
+    rows, memory = read("backward.csv"), read("backward_memory.csv")
+    det, traffic = read("backward_determinism.csv"), read("backward_traffic.csv")
+    if not rows:
+        return ""
+    parts = [backward_tables(rows), provenance(rows, "backward.csv")
+             + " _PyTorch " + rows[-1]["torch"] + ", fp32 with TF32 off; peers' gradients checked "
+             "on head 0 against fp64 where one head's N × N fits the budget (N ≤ 4096)._\n"]
+    if memory:
+        parts += [memory_table(memory), provenance(memory, "backward_memory.csv") + "\n"]
+    if det:
+        parts += [determinism_table(det), provenance(det, "backward_determinism.csv") + "\n"]
+    if traffic:
+        parts += [traffic_table(traffic), provenance(traffic, "backward_traffic.csv") + "\n"]
+    return "\n".join(parts)
+
+
 def replace_between(text, tag, body):
     pattern = re.compile(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", re.S)
     if not pattern.search(text):
@@ -234,9 +316,11 @@ def main():
                       file=sys.stderr)
     body_traffic = (traffic_table(traffic) + "\n" + provenance(traffic, "traffic.csv") + "\n"
                     if traffic else "")
+    body_backward = backward_body()
     edits[readme] = [("results:forward", body_fwd), ("results:traffic", body_traffic),
                      ("results:long", long_table(read("long.csv"))),
-                     ("results:glance", glance_table(fwd))]
+                     ("results:glance", glance_table(fwd)),
+                     ("results:backward", body_backward)]
 
     for folder in sorted(os.listdir(os.path.join(ROOT, "stages"))):
         path = os.path.join(ROOT, "stages", folder, "README.md")
@@ -254,7 +338,7 @@ def main():
         # A stage README may also carry the whole sweep with the peers
         # (stage 06 does: its target is the fp32 peer).
         edits[path] = [("results", "\n".join(parts) + ("\n" if parts else "")),
-                       ("results:forward", body_fwd)]
+                       ("results:forward", body_fwd), ("results:backward", body_backward)]
 
     stale = []
     for path, subs in edits.items():
