@@ -228,6 +228,14 @@ def backward_tables(rows):
                 if mine:
                     cells = [peer_cell([r for r in mine if int(r["Nq"]) == n]) for n in ns]
                     lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            ratio = []
+            for n in ns:
+                ours = [r for r in sel if r["stage"] == "05_sequence_parallel" and int(r["Nq"]) == n]
+                peer = [r for r in sel if r["stage"] == "sdpa_efficient_fp32" and int(r["Nq"]) == n]
+                ok = ours and peer and ours[0]["TFLOP/s"] and peer[0]["TFLOP/s"]
+                ratio.append(f"{float(ours[0]['TFLOP/s']) / float(peer[0]['TFLOP/s']):.0%}" if ok else "–")
+            if any(c != "–" for c in ratio):
+                lines.append("| 05 ÷ SDPA mem-efficient | " + " | ".join(ratio) + " |")
             out.append("\n".join(lines) + "\n")
     return "\n".join(out)
 
