@@ -111,6 +111,45 @@ TEST_CASE("logits beyond fp32 exp's range (~88.7): only a stage that declares it
   }
 }
 
+TEST_CASE("NaN in Q or K reaches exactly the rows it touches; the rest stay right") {
+  // Causal with Nk > Nq: query i sees keys 0 .. i + 30, so a key near the end
+  // is seen by the last rows only. One NaN in Q and one in K, in different
+  // heads: the fp64 reference (which lets NaN flow through its arithmetic)
+  // says which rows of O become NaN. The stages must give NaN exactly there
+  // (flashstep.h promises it) and match the reference everywhere else. (NaN
+  // in V is not tested this way: a kernel multiplies whole tiles of V, and
+  // 0 x NaN = NaN reaches rows that give that key zero weight, as in
+  // PyTorch's math backend; flashstep.h says so.)
+  Problem p;
+  p.B = 1;
+  p.H = 2;
+  p.Nq = 100;
+  p.Nk = 130;
+  p.d = 64;
+  p.causal = true;
+  auto in = flashstep::random_inputs(p, 91);
+  const float nan = std::nanf("");
+  in.Q[(0 * p.Nq + 17) * p.d + 5] = nan;    // head 0, row 17: that row of O
+  in.K[(1 * p.Nk + 120) * p.d + 3] = nan;   // head 1, key 120: rows that see it
+  const auto ref = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
+  std::int64_t poisoned = 0;
+  for (double x : ref.O) poisoned += std::isnan(x) ? 1 : 0;
+  REQUIRE(poisoned > 0);
+  REQUIRE(poisoned < static_cast<std::int64_t>(ref.O.size()));
+  for (const Stage* s : selected()) {
+    CAPTURE(s->name);
+    const Outputs got = run_stage(*s, p, in);
+    std::int64_t wrong_nan = 0;
+    for (size_t e = 0; e < ref.O.size(); ++e) {
+      wrong_nan += std::isnan(ref.O[e]) != std::isnan(got.O[e]) ? 1 : 0;
+    }
+    CHECK_MESSAGE(wrong_nan == 0, wrong_nan << " elements of O are NaN where the reference's "
+                                               "are not, or the other way round");
+    const auto o = flashstep::compare(got.O.data(), ref.O, flashstep::kFp32Tolerance);
+    CHECK_MESSAGE(o.ok(), "O (NaN elements skipped): " << o.summary());
+  }
+}
+
 TEST_CASE("two runs on the same input give bit-identical outputs (no races)") {
   Problem p;
   p.B = 2;

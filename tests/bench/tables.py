@@ -240,6 +240,29 @@ def backward_tables(rows):
     return "\n".join(out)
 
 
+def backward_traffic_model_table(rows):
+    """The two backwards' modelled HBM bytes against N: Theta(N^2) against Theta(N^2 d^2 / M)."""
+    sel = [r for r in rows if r["causal"] == "0" and r["HBM read"]
+           and r["stage"] in ("02_safe_softmax", "05_sequence_parallel")]
+    if not sel:
+        return ""
+    ns = sorted({int(r["Nq"]) for r in sel})
+    lines = ["**Modelled HBM bytes** of the backward (read + write, GB; non-causal; B = 16384/N, "
+             "H = 2048/d): the standard backward moves N × N matrices, FlashAttention-2's re-reads "
+             "Q and dO once per K/V block.", "",
+             "| backward | d | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| --- | ---: |" + " ---: |" * len(ns)]
+    for d in sorted({int(r["d"]) for r in sel}):
+        for stage in ("02_safe_softmax", "05_sequence_parallel"):
+            cells = []
+            for n in ns:
+                hit = [r for r in sel if r["stage"] == stage and int(r["d"]) == d and int(r["Nq"]) == n]
+                cells.append(f"{(int(hit[0]['HBM read']) + int(hit[0]['HBM write'])) / 1e9:.1f}"
+                             if hit else "–")
+            lines.append(f"| {BACKWARD_LABELS[stage]} | {d} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def memory_table(rows):
     """Each backward's device memory at N = 16384 and the largest N it can run."""
     if not rows:
@@ -283,6 +306,7 @@ def backward_body():
     parts = [backward_tables(rows), provenance(rows, "backward.csv")
              + " _PyTorch " + rows[-1]["torch"] + ", fp32 with TF32 off; peers' gradients checked "
              "on head 0 against fp64 where one head's N × N fits the budget (N ≤ 4096)._\n"]
+    parts.append(backward_traffic_model_table(rows))
     if memory:
         parts += [memory_table(memory), provenance(memory, "backward_memory.csv") + "\n"]
     if det:
