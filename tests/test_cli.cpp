@@ -144,3 +144,34 @@ TEST_CASE("cli: --load takes the problem from the .npy shapes and rejects mismat
   CHECK(mismatch.code == 2);
   CHECK(mismatch.err.find("K.npy and V.npy shapes differ") != std::string::npos);
 }
+
+TEST_CASE("cli: --backward selects the stages with a backward, and says which have one") {
+  CHECK(parse_args({"--backward"}).backward);
+  CHECK_THROWS_WITH_AS(parse_args({"--backward", "--stage", "01,03"}),
+                       doctest::Contains("02_safe_softmax, 05_sequence_parallel"), Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--backward=1"}), doctest::Contains("takes no value"), Error);
+  const Result r = run_cli({"--backward", "--stage", "04"});
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.find("--backward: no selected stage has a backward pass") != std::string::npos);
+}
+
+TEST_CASE("cli: model --backward prints the backwards' model with their device memory") {
+  const Result r = run_cli({"model", "--backward", "--N", "16384", "--H", "32", "--d", "64",
+                            "--format", "csv"});
+  REQUIRE(r.code == 0);
+  CHECK(r.out.rfind("stage,HBM read,HBM write,", 0) == 0);
+  CHECK(r.out.find("device memory") != std::string::npos);
+  CHECK(r.out.find("02_safe_softmax,") != std::string::npos);
+  CHECK(r.out.find("05_sequence_parallel,") != std::string::npos);
+  CHECK(r.out.find("01_naive") == std::string::npos);  // no backward: not listed
+  CHECK(count_lines(r.out) == 3);
+  // The standard backward holds P and dS: 2 * 32 * 16384^2 floats, and more.
+  const auto& s02 = *flashstep::select_stages("02").front();
+  const auto& s05 = *flashstep::select_stages("05").front();
+  flashstep::Problem p;
+  p.H = 32;
+  p.Nq = p.Nk = 16384;
+  CHECK(flashstep::device_bytes_needed(s02, p, true) > 2 * 32 * p.Nq * p.Nk * 4);
+  CHECK(flashstep::device_bytes_needed(s05, p, true) < (2ll << 30));
+}
