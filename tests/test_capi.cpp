@@ -1,6 +1,7 @@
 // The C ABI (libflashstep.so): the registry it exposes, and every argument
-// check it makes before touching the GPU. These run without a CUDA driver: a
-// check made after a CUDA call would return FLASHSTEP_ECUDA there instead.
+// check its forward and backward make before touching the GPU. These run
+// without a CUDA driver: a check made after a CUDA call would return
+// FLASHSTEP_ECUDA there instead.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -40,6 +41,30 @@ struct Call {
 
   int run() const {
     return flashstep_forward(stage, B, H, Nq, Nk, d, causal, scale, Q, K, V, O, L, nullptr);
+  }
+};
+
+// The backward's extra buffers, beside the forward's.
+struct BackwardBuffers {
+  std::vector<float> dO = std::vector<float>(kB * kH * kNq * kD);
+  std::vector<float> dQ = std::vector<float>(kB * kH * kNq * kD);
+  std::vector<float> dK = std::vector<float>(kB * kH * kNk * kD);
+  std::vector<float> dV = std::vector<float>(kB * kH * kNk * kD);
+};
+
+// One backward call's arguments, each overridable by a test.
+struct BackwardCall : Call {
+  BackwardBuffers grad;
+  const float* O_in = buf.O.data();
+  const float* L_in = buf.L.data();
+  const float* dO = grad.dO.data();
+  float* dQ = grad.dQ.data();
+  float* dK = grad.dK.data();
+  float* dV = grad.dV.data();
+
+  int run() const {
+    return flashstep_backward(stage, B, H, Nq, Nk, d, causal, scale, Q, K, V, O_in, L_in, dO,
+                              dQ, dK, dV, nullptr);
   }
 };
 
@@ -197,4 +222,157 @@ TEST_CASE("capi: the last error belongs to the thread that made the call") {
   // A call that succeeds clears it.
   CHECK(flashstep_stage_count() > 0);
   CHECK(last_error().empty());
+}
+
+TEST_CASE("capi: has_backward is the registry's, -1 for an unknown stage") {
+  const auto& stages = flashstep::all_stages();
+  int with_backward = 0;
+  for (int i = 0; i < flashstep_stage_count(); ++i) {
+    CAPTURE(i);
+    const bool has = stages[static_cast<size_t>(i)].backward != nullptr;
+    with_backward += has;
+    CHECK(flashstep_stage_has_backward(flashstep_stage_name(i)) == (has ? 1 : 0));
+    CHECK(last_error().empty());
+  }
+  CHECK(with_backward >= 2);
+  CHECK(flashstep_stage_has_backward("02_safe_softmax") == 1);
+  CHECK(flashstep_stage_has_backward("5") == 1);
+  CHECK(flashstep_stage_has_backward("01_naive") == 0);
+  CHECK(flashstep_stage_has_backward("no_such_stage") == -1);
+  CHECK(last_error().find("unknown stage 'no_such_stage'") != std::string::npos);
+  CHECK(flashstep_stage_has_backward(nullptr) == -1);
+  CHECK(last_error() == "stage is NULL");
+}
+
+TEST_CASE("capi backward: an unknown stage, or one without a backward, is FLASHSTEP_ESTAGE") {
+  BackwardCall c;
+  c.stage = "99_nope";
+  CHECK(c.run() == FLASHSTEP_ESTAGE);
+  CHECK(last_error().rfind("unknown stage '99_nope' (known: 01_naive", 0) == 0);
+  c.stage = "all";
+  CHECK(c.run() == FLASHSTEP_ESTAGE);
+  CHECK(last_error().find("name exactly one") != std::string::npos);
+  c.stage = nullptr;
+  CHECK(c.run() == FLASHSTEP_EINVAL);
+  CHECK(last_error() == "stage is NULL");
+  // Refused before anything else is looked at: here d is invalid too.
+  c.d = 300;
+  for (const flashstep::Stage& s : flashstep::all_stages()) {
+    if (s.backward) continue;
+    const std::string name(s.name);
+    CAPTURE(name);
+    c.stage = name.c_str();
+    CHECK(c.run() == FLASHSTEP_ESTAGE);
+    CHECK(last_error().rfind("stage " + name + " has no backward pass; stages with one: ", 0) == 0);
+    CHECK(last_error().find("02_safe_softmax") != std::string::npos);
+    CHECK(last_error().find("05_sequence_parallel") != std::string::npos);
+  }
+}
+
+TEST_CASE("capi backward: an invalid problem is FLASHSTEP_EINVAL, named as validate names it") {
+  BackwardCall c;
+  SUBCASE("d > 256") {
+    c.d = 300;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "d must be <= 256, got 300");
+  }
+  SUBCASE("Nk = 0, stage 02") {
+    c.stage = "02_safe_softmax";
+    c.Nk = 0;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "Nk must be >= 1, got 0");
+  }
+  SUBCASE("H < 0") {
+    c.H = -2;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "H must be >= 1, got -2");
+  }
+  SUBCASE("infinite scale") {
+    c.scale = std::numeric_limits<double>::infinity();
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("scale must be finite", 0) == 0);
+  }
+}
+
+TEST_CASE("capi backward: null, misaligned and overlapping pointers are FLASHSTEP_EINVAL") {
+  BackwardCall c;
+  for (const char* stage : {"02_safe_softmax", "05_sequence_parallel"}) {
+    CAPTURE(stage);
+    c.stage = stage;
+    SUBCASE("null L: every backward reads it") {
+      c.L_in = nullptr;
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error() == "L is NULL");
+    }
+    SUBCASE("null O") {
+      c.O_in = nullptr;
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error() == "O is NULL");
+    }
+    SUBCASE("null dO") {
+      c.dO = nullptr;
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error() == "dO is NULL");
+    }
+    SUBCASE("null dV") {
+      c.dV = nullptr;
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error() == "dV is NULL");
+    }
+    SUBCASE("misaligned dO") {
+      c.dO = shifted(c.dO, 2);
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error().rfind("dO (", 0) == 0);
+      CHECK(last_error().find("is not aligned to 4 bytes") != std::string::npos);
+    }
+    SUBCASE("misaligned dK") {
+      c.dK = shifted(c.dK, 1);
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error().rfind("dK (", 0) == 0);
+    }
+    SUBCASE("dQ on top of dO") {
+      c.dQ = c.grad.dO.data();
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error() == "dQ overlaps dO; outputs need memory of their own");
+    }
+    SUBCASE("dQ on top of Q, as an in-place gradient would be") {
+      c.dQ = c.buf.Q.data();
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error() == "dQ overlaps Q; outputs need memory of their own");
+    }
+    SUBCASE("dK's tail inside L") {
+      // dK [B,H,Nk,d] ends one float into L.
+      c.dK = c.buf.L.data() + 1 - static_cast<std::ptrdiff_t>(c.grad.dK.size());
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error() == "dK overlaps L; outputs need memory of their own");
+    }
+    SUBCASE("dV inside dK") {
+      c.dV = c.grad.dK.data() + 7;
+      CHECK(c.run() == FLASHSTEP_EINVAL);
+      CHECK(last_error() == "dV overlaps dK; outputs need memory of their own");
+    }
+    SUBCASE("inputs may share memory") {
+      c.K = c.Q;
+      c.V = c.Q;
+      c.Nk = c.Nq;
+      c.dO = c.O_in;
+      const int code = c.run();
+      CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+      CHECK(last_error().find("overlaps") == std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("capi backward: valid arguments on host memory fail cleanly, with or without a GPU") {
+  BackwardCall c;
+  for (const char* stage : {"02_safe_softmax", "05_sequence_parallel"}) {
+    CAPTURE(stage);
+    c.stage = stage;
+    const int code = c.run();
+    CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+    CHECK_FALSE(last_error().empty());
+    if (code == FLASHSTEP_EINVAL) {
+      CHECK(last_error().find("must be device or managed memory") != std::string::npos);
+    }
+  }
 }

@@ -1,6 +1,7 @@
 // The C ABI of flashstep.h: argument checks that need no GPU first, then the
-// CUDA-side checks, a per-call workspace, and the stage's forward on the
-// caller's stream. Every failure becomes a code plus a thread-local message.
+// CUDA-side checks, a per-call workspace, and the stage's forward or backward
+// on the caller's stream. Every failure becomes a code plus a thread-local
+// message.
 #include "flashstep.h"
 
 #include <cuda_runtime.h>
@@ -157,20 +158,20 @@ void check_device_pointers(const std::vector<Tensor>& tensors) {
   }
 }
 
-// The stage's scratch memory for one call, allocated and freed in stream order
-// where the device has memory pools, else with cudaMalloc (and a stream sync
-// before the free).
+// Scratch memory for one call (`need` bytes, 256-byte aligned; `who` names its
+// user in messages), allocated and freed in stream order where the device has
+// memory pools, else with cudaMalloc (and a stream sync before the free).
 class Workspace {
  public:
-  Workspace(const Stage& stage, const Problem& p, cudaStream_t stream) : stream_(stream) {
-    const std::int64_t need = stage.workspace_bytes(p);
+  Workspace(std::int64_t need, const std::string& who, const Problem& p, cudaStream_t stream)
+      : stream_(stream) {
     if (need <= 0) return;
     const std::int64_t bytes = need + static_cast<std::int64_t>(kWorkspaceAlign);
     size_t free_bytes = 0, total_bytes = 0;
     cuda_or_fail(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     if (bytes + kWorkspaceHeadroomBytes > static_cast<std::int64_t>(free_bytes)) {
-      fail(FLASHSTEP_ENOMEM, "stage " + std::string(stage.name) + " needs " + gib(need) +
-                                 " of device workspace for " + p.describe() + ", but only " +
+      fail(FLASHSTEP_ENOMEM, who + " needs " + gib(need) + " of device workspace for " +
+                                 p.describe() + ", but only " +
                                  gib(static_cast<std::int64_t>(free_bytes)) + " is free");
     }
     int device = 0, pools = 0;
@@ -184,8 +185,8 @@ class Workspace {
     if (status != cudaSuccess) {
       raw_ = nullptr;
       fail(status == cudaErrorMemoryAllocation ? FLASHSTEP_ENOMEM : FLASHSTEP_ECUDA,
-           "allocating " + gib(need) + " of workspace for stage " + std::string(stage.name) +
-               ": " + cudaGetErrorString(status));
+           "allocating " + gib(need) + " of workspace for " + who + ": " +
+               cudaGetErrorString(status));
     }
     const auto base = reinterpret_cast<std::uintptr_t>(raw_);
     aligned_ = reinterpret_cast<void*>((base + kWorkspaceAlign - 1) / kWorkspaceAlign *
@@ -204,6 +205,8 @@ class Workspace {
   Workspace& operator=(const Workspace&) = delete;
 
   void* get() const { return aligned_; }
+  /// The byte at `offset` into the aligned workspace.
+  void* at(std::int64_t offset) const { return static_cast<char*>(aligned_) + offset; }
 
  private:
   cudaStream_t stream_;
@@ -231,15 +234,71 @@ const StageStrings& stage_strings() {
   return strings;
 }
 
-void forward(const char* stage_name, const Problem& p, const float* Q, const float* K,
-             const float* V, float* O, float* L, void* stream_handle) {
-  // Checks that need no GPU, in the documented order.
-  const Stage& stage = find_stage(stage_name);
+// The problem, or EINVAL with validate's message.
+void check_problem(const Problem& p) {
   try {
     flashstep::validate(p);
   } catch (const flashstep::Error& e) {
     fail(FLASHSTEP_EINVAL, e.what());
   }
+}
+
+// Every tensor aligned to one float.
+void check_aligned(const std::vector<Tensor>& tensors) {
+  for (const Tensor& t : tensors) {
+    if (reinterpret_cast<std::uintptr_t>(t.ptr) % kElemAlign != 0) {
+      fail(FLASHSTEP_EINVAL, std::string(t.name) + " (" + address(t.ptr) +
+                                 ") is not aligned to 4 bytes (one float)");
+    }
+  }
+}
+
+// The outputs come after the inputs in `tensors`, from `first_output` on:
+// each must overlap nothing before it. Inputs may share memory (Q == K).
+void check_outputs_apart(const std::vector<Tensor>& tensors, size_t first_output) {
+  for (size_t out = first_output; out < tensors.size(); ++out) {
+    for (size_t other = 0; other < out; ++other) {
+      if (overlap(tensors[out], tensors[other])) {
+        fail(FLASHSTEP_EINVAL, std::string(tensors[out].name) + " overlaps " +
+                                   tensors[other].name + "; outputs need memory of their own");
+      }
+    }
+  }
+}
+
+// The problem as the entry points take it: scale <= 0 or NaN means 1/sqrt(d).
+Problem make_problem(std::int64_t B, std::int64_t H, std::int64_t Nq, std::int64_t Nk,
+                     std::int64_t d, int causal, double scale) {
+  Problem p;
+  p.B = B;
+  p.H = H;
+  p.Nq = Nq;
+  p.Nk = Nk;
+  p.d = d;
+  p.causal = causal != 0;
+  if (!std::isnan(scale) && scale > 0.0) p.scale = scale;  // +Inf: validate refuses it
+  return p;
+}
+
+// The registered stages that have a backward, as "02_safe_softmax, 05_...".
+std::string stages_with_backward() {
+  std::string names;
+  for (const Stage& s : flashstep::all_stages()) {
+    if (s.backward) names += (names.empty() ? "" : ", ") + std::string(s.name);
+  }
+  return names;
+}
+
+std::int64_t round_up_to_align(std::int64_t bytes) {
+  constexpr auto kAlign = static_cast<std::int64_t>(kWorkspaceAlign);
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+void forward(const char* stage_name, const Problem& p, const float* Q, const float* K,
+             const float* V, float* O, float* L, void* stream_handle) {
+  // Checks that need no GPU, in the documented order.
+  const Stage& stage = find_stage(stage_name);
+  check_problem(p);
   const std::int64_t q_bytes = p.q_elems() * flashstep::kElemBytes;
   const std::int64_t kv_bytes = p.kv_elems() * flashstep::kElemBytes;
   const std::int64_t lse_bytes = p.lse_elems() * flashstep::kElemBytes;
@@ -255,28 +314,14 @@ void forward(const char* stage_name, const Problem& p, const float* Q, const flo
     }
     tensors.push_back({"L", L, lse_bytes});
   }
-  for (const Tensor& t : tensors) {
-    if (reinterpret_cast<std::uintptr_t>(t.ptr) % kElemAlign != 0) {
-      fail(FLASHSTEP_EINVAL, std::string(t.name) + " (" + address(t.ptr) +
-                                 ") is not aligned to 4 bytes (one float)");
-    }
-  }
-  // The outputs (O, and L when written) come after the inputs in `tensors`:
-  // each must overlap nothing before it. Inputs may share memory (Q == K).
-  constexpr size_t kFirstOutput = 3;
-  for (size_t out = kFirstOutput; out < tensors.size(); ++out) {
-    for (size_t other = 0; other < out; ++other) {
-      if (overlap(tensors[out], tensors[other])) {
-        fail(FLASHSTEP_EINVAL, std::string(tensors[out].name) + " overlaps " +
-                                   tensors[other].name + "; outputs need memory of their own");
-      }
-    }
-  }
+  check_aligned(tensors);
+  constexpr size_t kFirstOutput = 3;  // O, and L when written
+  check_outputs_apart(tensors, kFirstOutput);
 
   // Checks through CUDA, then the run.
   check_device_pointers(tensors);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
-  Workspace workspace(stage, p, stream);
+  Workspace workspace(stage.workspace_bytes(p), "stage " + std::string(stage.name), p, stream);
   flashstep::ForwardTensors t;
   t.Q = Q;
   t.K = K;
@@ -287,6 +332,85 @@ void forward(const char* stage_name, const Problem& p, const float* Q, const flo
   stage.forward(p, t, stream);
 }
 
+// The backward's one scratch allocation, in 256-byte aligned pieces: the
+// backward's own workspace, then, for a stage whose forward saves state in its
+// workspace (BackwardTensors::saved; stage 02: P), that workspace and the
+// scratch O and L the forward's re-run writes instead of the caller's.
+struct BackwardScratch {
+  bool rerun_forward = false;
+  std::int64_t saved = 0, O = 0, L = 0;  // byte offsets, when rerun_forward
+  std::int64_t total = 0;                // bytes
+
+  BackwardScratch(const Stage& stage, const Problem& p) {
+    const std::int64_t own = stage.backward_workspace_bytes(p);
+    const std::int64_t forward_ws = stage.workspace_bytes(p);
+    rerun_forward = forward_ws > 0;
+    total = own;
+    if (!rerun_forward) return;
+    saved = round_up_to_align(own);
+    O = saved + round_up_to_align(forward_ws);
+    L = O + round_up_to_align(p.q_elems() * flashstep::kElemBytes);
+    total = L + p.lse_elems() * flashstep::kElemBytes;
+  }
+};
+
+void backward(const char* stage_name, const Problem& p, const float* Q, const float* K,
+              const float* V, const float* O, const float* L, const float* dO, float* dQ,
+              float* dK, float* dV, void* stream_handle) {
+  // Checks that need no GPU, in the documented order.
+  const Stage& stage = find_stage(stage_name);
+  if (!stage.backward) {
+    fail(FLASHSTEP_ESTAGE, "stage " + std::string(stage.name) +
+                               " has no backward pass; stages with one: " +
+                               stages_with_backward());
+  }
+  check_problem(p);
+  const std::int64_t q_bytes = p.q_elems() * flashstep::kElemBytes;
+  const std::int64_t kv_bytes = p.kv_elems() * flashstep::kElemBytes;
+  const std::int64_t lse_bytes = p.lse_elems() * flashstep::kElemBytes;
+  const std::vector<Tensor> tensors = {
+      {"Q", Q, q_bytes},   {"K", K, kv_bytes},   {"V", V, kv_bytes},
+      {"O", O, q_bytes},   {"L", L, lse_bytes},  {"dO", dO, q_bytes},
+      {"dQ", dQ, q_bytes}, {"dK", dK, kv_bytes}, {"dV", dV, kv_bytes}};
+  for (const Tensor& t : tensors) {
+    if (t.ptr == nullptr) fail(FLASHSTEP_EINVAL, std::string(t.name) + " is NULL");
+  }
+  check_aligned(tensors);
+  constexpr size_t kFirstOutput = 6;  // dQ, dK, dV
+  check_outputs_apart(tensors, kFirstOutput);
+
+  // Checks through CUDA, then the run: the forward again where the backward
+  // reads what it saved, then the backward, in order on one stream.
+  check_device_pointers(tensors);
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const BackwardScratch layout(stage, p);
+  const std::string who = "stage " + std::string(stage.name) + "'s backward" +
+                          (layout.rerun_forward ? " (with its forward's re-run)" : "");
+  Workspace workspace(layout.total, who, p, stream);
+  flashstep::BackwardTensors t;
+  if (layout.rerun_forward) {
+    flashstep::ForwardTensors f;
+    f.Q = Q;
+    f.K = K;
+    f.V = V;
+    f.O = static_cast<float*>(workspace.at(layout.O));
+    f.L = stage.writes_lse ? static_cast<float*>(workspace.at(layout.L)) : nullptr;
+    f.workspace = workspace.at(layout.saved);
+    stage.forward(p, f, stream);
+    t.saved = f.workspace;
+  }
+  t.Q = Q;
+  t.K = K;
+  t.V = V;
+  t.O = O;
+  t.L = L;
+  t.dO = dO;
+  t.dQ = dQ;
+  t.dK = dK;
+  t.dV = dV;
+  t.workspace = workspace.get();
+  stage.backward(p, t, stream);
+}
 }  // namespace
 
 extern "C" {
@@ -325,19 +449,27 @@ int flashstep_stage_writes_lse(const char* stage) {
   return writes;
 }
 
+int flashstep_stage_has_backward(const char* stage) {
+  int has = -1;
+  guarded([&] { has = find_stage(stage).backward ? 1 : 0; });
+  return has;
+}
+
 int flashstep_forward(const char* stage, int64_t B, int64_t H, int64_t Nq, int64_t Nk,
                       int64_t d, int causal, double scale, const float* Q, const float* K,
                       const float* V, float* O, float* L, void* stream) {
   return guarded([&] {
-    Problem p;
-    p.B = B;
-    p.H = H;
-    p.Nq = Nq;
-    p.Nk = Nk;
-    p.d = d;
-    p.causal = causal != 0;
-    if (!std::isnan(scale) && scale > 0.0) p.scale = scale;  // +Inf: validate refuses it
-    forward(stage, p, Q, K, V, O, L, stream);
+    forward(stage, make_problem(B, H, Nq, Nk, d, causal, scale), Q, K, V, O, L, stream);
+  });
+}
+
+int flashstep_backward(const char* stage, int64_t B, int64_t H, int64_t Nq, int64_t Nk,
+                       int64_t d, int causal, double scale, const float* Q, const float* K,
+                       const float* V, const float* O, const float* L, const float* dO,
+                       float* dQ, float* dK, float* dV, void* stream) {
+  return guarded([&] {
+    backward(stage, make_problem(B, H, Nq, Nk, d, causal, scale), Q, K, V, O, L, dO, dQ, dK,
+             dV, stream);
   });
 }
 

@@ -1,7 +1,8 @@
 /** \file flashstep.h
- *  \brief flashstep's C ABI (libflashstep.so): run any registered stage on
- *  device tensors you own, from C or through a foreign-function interface
- *  (Python's ctypes: notebooks/flashstep.py).
+ *  \brief flashstep's C ABI (libflashstep.so): run any registered stage's
+ *  forward pass, and the backward pass of a stage that has one, on device
+ *  tensors you own, from C or through a foreign-function interface (Python's
+ *  ctypes: notebooks/flashstep.py).
  *
  *  Every stage solves the same problem (stages/common/stage.h): fp32,
  *  row-major, contiguous Q [B,H,Nq,d], K and V [B,H,Nk,d] in; O [B,H,Nq,d] and,
@@ -38,7 +39,8 @@ typedef enum flashstep_status {
   FLASHSTEP_OK = 0,        /**< success: the kernels are queued on the stream */
   FLASHSTEP_EINVAL = 1,    /**< a bad argument: sizes, scale, a null, misaligned,
                                 overlapping or non-device pointer, L missing */
-  FLASHSTEP_ESTAGE = 2,    /**< no registered stage has that name */
+  FLASHSTEP_ESTAGE = 2,    /**< no registered stage has that name, or (flashstep_backward)
+                                the stage has no backward pass */
   FLASHSTEP_ENOMEM = 3,    /**< the stage's workspace does not fit in free device memory */
   FLASHSTEP_ECUDA = 4,     /**< the CUDA runtime failed: no driver or device, or a
                                 launch error */
@@ -58,6 +60,11 @@ FLASHSTEP_API const char* flashstep_stage_title(int i);
 /** 1 when the named stage writes L, 0 when it does not, -1 (and a message for
  *  flashstep_last_error()) when no stage has that name. */
 FLASHSTEP_API int flashstep_stage_writes_lse(const char* stage);
+
+/** 1 when the named stage has a backward pass (flashstep_backward runs it), 0
+ *  when it has none, -1 (and a message for flashstep_last_error()) when no
+ *  stage has that name. */
+FLASHSTEP_API int flashstep_stage_has_backward(const char* stage);
 
 /** Runs one stage's forward pass: queues its kernels on `stream` and returns
  *  without waiting for them (like a PyTorch op).
@@ -92,6 +99,54 @@ FLASHSTEP_API int flashstep_forward(const char* stage, int64_t B, int64_t H, int
                                     int64_t Nk, int64_t d, int causal, double scale,
                                     const float* Q, const float* K, const float* V, float* O,
                                     float* L, void* stream);
+
+/** Runs one stage's backward pass: the gradients dQ, dK, dV of a loss whose
+ *  gradient in O is dO (for the loss sum(O * dO), dO is exactly that), queued
+ *  on `stream` without waiting, like flashstep_forward.
+ *
+ *  O and L are the forward's outputs for the same stage, Q, K, V, causal and
+ *  scale (flashstep_forward's); both are read, never written. Every backward
+ *  reads O (D = rowsum(dO * O)) and L, which is therefore required: stage 05
+ *  recomputes P = exp(S - L) from it (FlashAttention-2, Algorithm 2).
+ *
+ *  What a forward saved: a stage whose forward keeps state for its backward in
+ *  its workspace (stage 02: P [B,H,Nq,Nk], as autograd saves it) gets it back
+ *  here by a re-run of its forward on Q, K, V, into a workspace and scratch O
+ *  and L of this call's own, queued on `stream` before the backward; the
+ *  caller's O and L stay untouched. So a stage 02 backward costs a forward
+ *  more, and holds two [B,H,Nq,Nk] arrays (P and dP/dS) while it runs. A stage
+ *  whose forward has no workspace (stage 05) runs its backward alone.
+ *
+ *  \param stage   a stage name or number, as for flashstep_forward; a stage
+ *                 without a backward (flashstep_stage_has_backward() == 0) is
+ *                 FLASHSTEP_ESTAGE, with a message naming the stages that have one
+ *  \param B,H,Nq,Nk,d,causal,scale  the problem, as for flashstep_forward
+ *  \param Q,K,V   device (or managed) pointers, 4-byte aligned:
+ *                 Q [B,H,Nq,d], K and V [B,H,Nk,d], contiguous fp32
+ *  \param O       device pointer [B,H,Nq,d], the forward's output
+ *  \param L       device pointer [B,H,Nq], the forward's logsumexp; never NULL
+ *  \param dO      device pointer [B,H,Nq,d], the loss's gradient in O
+ *  \param dQ      device pointer [B,H,Nq,d], written
+ *  \param dK,dV   device pointers [B,H,Nk,d], written
+ *  \param stream  a cudaStream_t (NULL: the legacy default stream) of the
+ *                 current device, on which all pointers must live
+ *
+ *  dQ, dK and dV must overlap no input and each other; inputs may share memory.
+ *  Checks, in this order, before touching the GPU: the stage name, and that it
+ *  has a backward; the problem; null pointers; 4-byte alignment; overlap of dQ,
+ *  dK and dV with the inputs and each other. Then, through CUDA: that every
+ *  pointer is device or managed memory on the current device, and that the
+ *  workspace (the backward's, plus a re-run forward's) fits in free device
+ *  memory; it is allocated and freed in stream order, as the forward's is.
+ *  Stage 05 sums dQ with atomic adds, so its last bits may differ from run to
+ *  run; dK and dV are bit-identical.
+ *
+ *  \return FLASHSTEP_OK or an error code; see flashstep_last_error(). */
+FLASHSTEP_API int flashstep_backward(const char* stage, int64_t B, int64_t H, int64_t Nq,
+                                     int64_t Nk, int64_t d, int causal, double scale,
+                                     const float* Q, const float* K, const float* V,
+                                     const float* O, const float* L, const float* dO,
+                                     float* dQ, float* dK, float* dV, void* stream);
 
 /** One line naming what the calling thread's last failed call got wrong, e.g.
  *  "d must be <= 256, got 300"; "" after a successful call. Valid until this

@@ -2,37 +2,59 @@
 """Draws the results plots (PNG) from the recorded CSVs.
 
 Reads docs/results/forward.csv (sweep.py), peers.csv (peers.py), traffic.csv
-(traffic.py) and ceilings.csv (ceilings.py) and writes to docs/results/plots/:
+(traffic.py), ceilings.csv (ceilings.py), backward.csv and backward_memory.csv
+(backward.py) and writes to docs/results/plots/:
 
-  time_vs_n.png    median time against N, every stage and the fp32 SDPA peers
-  tflops_vs_n.png  TFLOP/s against N, the same runs
-  hbm_vs_n.png     modelled HBM bytes against N; ncu's DRAM and requested bytes
-  roofline.png     the measured ceilings, each stage at one reference problem
+  time_vs_n.png            median time against N, every stage and the fp32 SDPA peers
+  tflops_vs_n.png          TFLOP/s against N, the same runs
+  hbm_vs_n.png             modelled HBM bytes against N; ncu's DRAM and requested bytes
+  roofline.png             the measured ceilings, each stage at one reference problem
+  backward_tflops_vs_n.png the backward's TFLOP/s against N: stages 02, 05, fp32 SDPA
+  backward_memory.png      forward + backward device memory against N at B = 1: what
+                           stages 02 and 05 allocate (`flashstep model --backward`),
+                           SDPA's measured peaks, each backward's largest N
 
 and plots.json, the fingerprint (sha256) of the CSVs and of this script the
-PNGs were drawn from. Like tables.py, nothing here is typed by hand: rerun the
-benchmarks, then this. `--check` needs no matplotlib: it fails when a CSV or
-this script changed since the PNGs were drawn, when a PNG is missing, or when
-README.md shows a plot that is not generated. PNG bytes are not compared
-(they differ between matplotlib versions).
+PNGs were drawn from, and the stages' modelled memory that backward_memory.png
+shows, with the hashes of the sources that model comes from. Like tables.py,
+nothing here is typed by hand: rerun the benchmarks, then this. `--check`
+needs no matplotlib and no build: it fails when a CSV, this script or one of
+those model sources changed since the PNGs were drawn, when a PNG is missing,
+or when README.md shows a plot that is not generated. PNG bytes are not
+compared (they differ between matplotlib versions).
 
-    python3 tests/bench/plots.py [--check]
+    python3 tests/bench/plots.py [--check] [--flashstep build/stages/cli/flashstep]
 
-Needs matplotlib (Debian: python3-matplotlib; `make deps` installs it).
+Needs matplotlib (Debian: python3-matplotlib; `make deps` installs it), and for
+the stages' lines in backward_memory.png the built CLI (without it they are left
+out and the title says so).
 """
 import argparse
 import hashlib
 import json
 import os
 import re
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tables import FP32_PEERS, RESULTS, ROOT, read  # noqa: E402
+from tables import BACKWARD_LABELS, FP32_PEERS, RESULTS, ROOT, read  # noqa: E402
 
 PLOTS = os.path.join(RESULTS, "plots")
 SIDECAR = os.path.join(PLOTS, "plots.json")
-INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv")
+INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv", "backward.csv",
+          "backward_memory.csv")
+FLASHSTEP = os.path.join(ROOT, "build", "stages", "cli", "flashstep")
+# backward_memory.png: the stages whose allocation the CLI's model gives, the
+# N it is drawn at (B = 1, H = 2048/d, as backward_memory.csv), and the sources
+# that allocation comes from: each file whole, or (file, function) for the one
+# function of a file that matters. --check compares their hashes.
+MEMORY_STAGES = ("02_safe_softmax", "05_sequence_parallel")
+MEMORY_NS = [2 ** k for k in range(9, 22)]  # 512 ... 2^21
+MEMORY_SOURCES = ("stages/02_safe_softmax/safe_softmax_model.cpp",
+                  "stages/05_sequence_parallel/sequence_parallel_model.cpp",
+                  "stages/05_sequence_parallel/sequence_parallel_backward_model.cpp",
+                  ("stages/common/device.cpp", "device_bytes_needed"))
 
 # Fixed size and resolution, no timestamp or version in the file: the same
 # CSVs and the same matplotlib give the same bytes.
@@ -44,6 +66,7 @@ REF_N, REF_D = 4096, 64
 # roofline for the GPUs listed; any other GPU gets its measured ceilings only.
 DATASHEET_FP32_TFLOPS = {"NVIDIA H200": 67.0, "NVIDIA H100 80GB HBM3": 67.0}
 FLOP_RULE = "FLOPs = 4·B·H·N²·d, halved if causal"
+BACKWARD_FLOP_RULE = "FLOPs = 2.5 × 4·B·H·N²·d, halved if causal"
 SWEEP_RULE = "B = 16384/N, H = 2048/d"
 
 # One look per series, the same in every plot: colour by stage, and a marker
@@ -81,6 +104,28 @@ def readme_plots():
         return sorted(set(re.findall(r"docs/results/plots/([\w.-]+\.png)", f.read())))
 
 
+def model_sources():
+    """sha256 of each MEMORY_SOURCES entry (of the function's text alone where one is named)."""
+    out = {}
+    for src in MEMORY_SOURCES:
+        path, func = (src, None) if isinstance(src, str) else src
+        full = os.path.join(ROOT, path)
+        if not os.path.exists(full):
+            out[path] = "missing"
+            continue
+        with open(full, "rb") as f:
+            text = f.read()
+        key = path
+        if func:
+            key = f"{path}:{func}"
+            # From the definition's first line to the first closing brace in column 0;
+            # the whole file if the function is not found that way.
+            m = re.search(rb"^[^\n]*\b" + func.encode() + rb"\([^;]*?\{.*?^\}", text, re.S | re.M)
+            text = m.group(0) if m else text
+        out[key] = hashlib.sha256(text).hexdigest()
+    return out
+
+
 def check():
     """Problems that make the PNGs stale or missing (empty when up to date)."""
     if not os.path.exists(SIDECAR):
@@ -94,6 +139,13 @@ def check():
             problems.append(f"docs/results/{name} changed since the plots were drawn")
     if recorded["generator"] != now["generator"]:
         problems.append("tests/bench/plots.py changed since the plots were drawn")
+    model = recorded.get("memory model")
+    if model:  # drawn with the CLI's model: its sources must be the same
+        current = model_sources()
+        for src in sorted(set(model["sources"]) | set(current)):
+            if model["sources"].get(src) != current.get(src):
+                problems.append(f"{src} (the model of backward_memory.png) changed since the "
+                                "plots were drawn")
     for png in recorded["outputs"]:
         if not os.path.exists(os.path.join(PLOTS, png)):
             problems.append(f"docs/results/plots/{png} is missing")
@@ -150,12 +202,23 @@ def save(fig, name, out):
     print(f"plots: wrote {os.path.relpath(path, ROOT)}")
 
 
-def sweep_figure(fwd, peers, key, ylabel, title, logy):
-    """2 x 2 panels (d x causal) of `key` against N for every stage and fp32 peer."""
+def sweep_figure(fwd, peers, key, ylabel, title, logy, style_order=None, labels=None,
+                 src=None, source="forward.csv"):
+    """2 x 2 panels (d x causal) of `key` against N for every stage and fp32 peer.
+
+    style_order: the stage list the colours come from (default fwd's own), so a
+    stage looks the same in every plot; labels: legend names of stages; src: the
+    provenance line. Points whose run was not checked against fp64 are drawn open.
+    """
     import matplotlib.pyplot as plt
     stages = list(dict.fromkeys(r["stage"] for r in fwd))
-    styles, zorder = stage_styles(stages), stage_zorder(stages)
+    order = list(style_order or stages)
+    order += [s for s in stages if s not in order]
+    styles, zorder = stage_styles(order), stage_zorder(order)
+    labels = labels or {}
     ns = sorted({int(r["Nq"]) for r in fwd})
+    unchecked = {(r["stage"], int(r["d"]), r["causal"], int(r["Nq"])) for r in list(fwd) + list(peers)
+                 if r.get("check", "ok") not in ("ok", "")}
     fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), sharex=True)
     handles = {}
     for i, d in enumerate((64, 128)):
@@ -165,9 +228,16 @@ def sweep_figure(fwd, peers, key, ylabel, title, logy):
                 pts = series(fwd, s, d, causal, key)
                 if pts:
                     c, m, ls = styles[s]
-                    (h,) = ax.plot(*zip(*pts), color=c, marker=m, linestyle=ls, label=s,
-                                   zorder=zorder[s])
-                    handles.setdefault(s, h)
+                    open_ = [k for k, (n, _) in enumerate(pts)
+                             if (s, d, str(int(causal)), n) in unchecked]
+                    (h,) = ax.plot(*zip(*pts), color=c, marker=m, linestyle=ls,
+                                   label=labels.get(s, s), zorder=zorder[s],
+                                   markevery=[k for k in range(len(pts)) if k not in open_])
+                    handles.setdefault(labels.get(s, s), h)
+                    if open_:
+                        ax.plot([pts[k][0] for k in open_], [pts[k][1] for k in open_],
+                                linestyle="none", marker=m, color=c, markerfacecolor="white",
+                                zorder=zorder[s] + 0.1)
             for p, label in FP32_PEERS.items():
                 pts = series(peers, p, d, causal, key)
                 if pts:
@@ -177,7 +247,7 @@ def sweep_figure(fwd, peers, key, ylabel, title, logy):
             ax.set_title(f"d = {d}, {'causal' if causal else 'non-causal'}")
             log2_n_axis(ax, ns)
             if not ax.lines:
-                ax.text(0.5, 0.5, "not in forward.csv", transform=ax.transAxes,
+                ax.text(0.5, 0.5, f"not in {source}", transform=ax.transAxes,
                         ha="center", va="center", color="0.4")
                 ax.set_yticks([])
                 continue
@@ -188,7 +258,14 @@ def sweep_figure(fwd, peers, key, ylabel, title, logy):
             if j == 0:
                 ax.set_ylabel(ylabel)
             ax.tick_params(labelbottom=True)
-    src = provenance(fwd, "forward.csv") + (f"; {provenance(peers, 'peers.csv')}" if peers else "")
+    if unchecked:
+        first = min(n for *_, n in unchecked)
+        peers_too = any(s in FP32_PEERS for s, *_ in unchecked)
+        (h,) = ax.plot([], [], linestyle="none", marker="o", color="black", markerfacecolor="white")
+        handles[f"open marker: not checked against fp64 (N ≥ {first}"
+                + ("; SDPA's runs there neither)" if peers_too else ")")] = h
+    if src is None:
+        src = provenance(fwd, "forward.csv") + (f"; {provenance(peers, 'peers.csv')}" if peers else "")
     fig.suptitle(f"{title}\n{src}", fontsize=11)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=5, fontsize=9,
                frameon=False)
@@ -278,6 +355,7 @@ def roofline_figure(fwd, peers, ceilings):
     ceil = {r["ceiling"]: r for r in ceilings}
     bw = float(ceil["copy"]["value"]) if "copy" in ceil else None            # TB/s
     gemm = float(ceil["sgemm"]["value"]) if "sgemm" in ceil else None        # TFLOP/s
+    fma = float(ceil["fma"]["value"]) if "fma" in ceil else None             # TFLOP/s
     gpu = ceilings[0].get("gpu", "")
     sheet = DATASHEET_FP32_TFLOPS.get(gpu)
     stages = list(dict.fromkeys(r["stage"] for r in fwd))
@@ -287,15 +365,25 @@ def roofline_figure(fwd, peers, ceilings):
     fig, ax = plt.subplots(figsize=(11, 7.5))
     x_lo, x_hi = 1.0, 300.0
     xs = [x_lo * (x_hi / x_lo) ** (k / 200) for k in range(201)]
-    tops = [t for t in (gemm, sheet) if t]
+    tops = [t for t in (fma, gemm, sheet) if t]
+    # The compute roof: the measured fp32 FMA throughput where ceilings.csv has it,
+    # else cuBLAS's fp32 GEMM; the other measured one (GEMM) then a thin line.
+    roof = fma or gemm
     if bw:
-        for top, style, label in ((gemm, "-", f"measured: copy {bw:g} TB/s, cuBLAS fp32 GEMM {gemm:g} TFLOP/s"),
+        if fma:
+            solid = f"measured: copy {bw:g} TB/s, fp32 FMA {fma:g} TFLOP/s"
+        else:
+            solid = f"measured: copy {bw:g} TB/s, cuBLAS fp32 GEMM {gemm:g} TFLOP/s"
+        for top, style, label in ((roof, "-", solid),
                                   (sheet, "--", f"datasheet fp32 FMA peak {sheet:g} TFLOP/s")):
             if top:
                 ax.plot(xs, [min(bw * x, top) for x in xs], color="black", linestyle=style,
                         linewidth=2 if style == "-" else 1.2, label=label)
-        if gemm:
-            ridge = gemm / bw
+        if fma and gemm:
+            ax.plot(xs, [min(bw * x, gemm) for x in xs], color="0.45", linestyle="-",
+                    linewidth=1, label=f"measured: cuBLAS fp32 GEMM {gemm:g} TFLOP/s")
+        if roof:
+            ridge = roof / bw
             ax.axvline(ridge, color="black", alpha=0.25, linewidth=1)
             ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, 1.5 * max(tops)), xytext=(4, 0),
                         textcoords="offset points", fontsize=9, alpha=0.7)
