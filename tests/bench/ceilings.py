@@ -1,28 +1,37 @@
 #!/usr/bin/env python3
-"""Measures the two ceilings the roofline needs on this GPU, with PyTorch.
+"""Measures the ceilings the roofline needs on this GPU.
 
-  copy   device-to-device copy of a 2 GiB fp32 tensor; bandwidth counts the
-         bytes read plus the bytes written
-  sgemm  8192^3 fp32 matrix product through cuBLAS with TF32 off: what fp32
-         arithmetic on CUDA cores reaches in practice (the datasheet's FMA
-         peak is the other bound)
+  copy   device-to-device copy of a 2 GiB fp32 tensor, with PyTorch; bandwidth
+         counts the bytes read plus the bytes written
+  sgemm  8192^3 fp32 matrix product through cuBLAS with TF32 off, with PyTorch:
+         what fp32 matrix work on CUDA cores reaches in practice
+  fma    the fp32 FMA peak, measured by flashstep_fma_peak (tests/bench/fma_peak.cu):
+         independent FMA chains on registers on every SM, 2 FLOPs per FMA; the
+         roofline's compute ceiling. Skipped, with a line on stderr, when the
+         binary is missing (build it: cmake --build build --target flashstep_fma_peak)
 
-Median of CUDA-event timings after warm-up, on random data. One CSV row per
-ceiling with the GPU, driver, date and commit.
+Median of CUDA-event timings after warm-up, on random data (fma: on registers
+alone). One CSV row per ceiling with the GPU, driver, date and commit.
 
-    python3 tests/bench/ceilings.py --out docs/results/ceilings.csv
+    python3 tests/bench/ceilings.py --out docs/results/ceilings.csv \
+        [--fma-peak build/tests/bench/flashstep_fma_peak]
 """
 import argparse
 import csv
 import datetime
 import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 from sweep import gpu_facts
 
 COPY_BYTES = 2 << 30   # per tensor: far beyond the 50-60 MB L2
 GEMM_N = 8192          # the size the project's anchors quote
 WARMUP, REPEATS = 3, 20
+# Where `cmake --preset default` builds the FMA-peak tool.
+DEFAULT_FMA_PEAK = Path(__file__).resolve().parents[2] / "build/tests/bench/flashstep_fma_peak"
 
 
 def median_ms(torch, fn):
@@ -39,11 +48,32 @@ def median_ms(torch, fn):
     return statistics.median(times)
 
 
+def fma_peak(binary):
+    """(TFLOP/s, median ms) from flashstep_fma_peak's CSV line, or None when the
+    binary is missing. A binary that fails is an error: its own message ends the run."""
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        print(f"ceilings: fma skipped, no flashstep_fma_peak at {binary} "
+              "(cmake --build build --target flashstep_fma_peak)", file=sys.stderr)
+        return None
+    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    sys.stderr.write(run.stderr)
+    if run.returncode != 0:
+        sys.exit(f"ceilings: {binary} failed with exit {run.returncode}")
+    name, value, unit, ms = run.stdout.strip().split(",")
+    if (name, unit) != ("fma", "TFLOP/s"):
+        sys.exit(f"ceilings: unexpected output from {binary}: {run.stdout.strip()!r}")
+    return float(value), float(ms)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
+    ap.add_argument("--fma-peak", type=Path, default=DEFAULT_FMA_PEAK, metavar="PATH",
+                    help=f"flashstep_fma_peak binary (default: {DEFAULT_FMA_PEAK})")
     args = ap.parse_args()
+    # First, alone on the GPU: a separate process, before PyTorch holds memory.
+    fma = fma_peak(args.fma_peak)
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -64,6 +94,9 @@ def main():
         {"ceiling": "sgemm", "value": round(2 * GEMM_N**3 / (gemm_ms / 1e3) / 1e12, 2),
          "unit": "TFLOP/s", "median ms": round(gemm_ms, 4), **meta},
     ]
+    if fma:
+        rows.append({"ceiling": "fma", "value": round(fma[0], 2), "unit": "TFLOP/s",
+                     "median ms": round(fma[1], 4), **meta})
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()

@@ -101,7 +101,7 @@ for s in "${steps[@]}"; do
   case $s in
     build)
       step configure cmake --preset default -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
-        && step build cmake --build "$build" --target flashstep
+        && step build cmake --build "$build" --target flashstep flashstep_fma_peak
       ;;
     sweep)
       step sweep "$py" tests/bench/sweep.py --flashstep "$exe" --out "$log/forward.csv" \
@@ -155,7 +155,8 @@ sys.exit(0 if any(r["dram_read"] for r in csv.DictReader(open(sys.argv[1]))) els
       ;;
     ceilings)
       if have_torch; then
-        step ceilings "$py" tests/bench/ceilings.py --out "$log/ceilings.csv"
+        step ceilings "$py" tests/bench/ceilings.py --out "$log/ceilings.csv" \
+          --fma-peak "$build/tests/bench/flashstep_fma_peak"
         record ceilings ceilings.csv
       else
         say "ceilings: skipped, no PyTorch with CUDA for $py; $results/ceilings.csv left as it was"
