@@ -32,6 +32,7 @@ out and the title says so).
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -203,7 +204,7 @@ def save(fig, name, out):
 
 
 def sweep_figure(fwd, peers, key, ylabel, title, logy, style_order=None, labels=None,
-                 src=None, source="forward.csv"):
+                 src=None, source="forward.csv", ncol=5):
     """2 x 2 panels (d x causal) of `key` against N for every stage and fp32 peer.
 
     style_order: the stage list the colours come from (default fwd's own), so a
@@ -267,9 +268,10 @@ def sweep_figure(fwd, peers, key, ylabel, title, logy, style_order=None, labels=
     if src is None:
         src = provenance(fwd, "forward.csv") + (f"; {provenance(peers, 'peers.csv')}" if peers else "")
     fig.suptitle(f"{title}\n{src}", fontsize=11)
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=5, fontsize=9,
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=ncol, fontsize=9,
                frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    rows = -(-len(handles) // ncol)
+    fig.tight_layout(rect=(0, 0.035 + 0.0175 * rows, 1, 1))
     return fig
 
 
@@ -373,7 +375,7 @@ def roofline_figure(fwd, peers, ceilings):
         if fma:
             solid = f"measured: copy {bw:g} TB/s, fp32 FMA {fma:g} TFLOP/s"
         else:
-            solid = f"measured: copy {bw:g} TB/s, cuBLAS fp32 GEMM {gemm:g} TFLOP/s"
+            solid = f"measured: copy {bw:g} TB/s, cuBLAS fp32 GEMM {gemm:g} TFLOP/s" if gemm else ""
         for top, style, label in ((roof, "-", solid),
                                   (sheet, "--", f"datasheet fp32 FMA peak {sheet:g} TFLOP/s")):
             if top:
@@ -419,13 +421,178 @@ def roofline_figure(fwd, peers, ceilings):
     return fig
 
 
+def memory_model(flashstep, memory):
+    """{d: {stage: [[N, bytes], ...]}}: `flashstep model --backward`'s device memory of
+    MEMORY_STAGES at B = 1, H = 2048/d, for N in MEMORY_NS and each stage's largest N in
+    backward_memory.csv; None without the binary."""
+    if not (flashstep and os.access(flashstep, os.X_OK)):
+        return None
+    out = {}
+    for d in sorted({int(r["d"]) for r in memory} or {64, 128}):
+        extra = {int(r["largest N"]) for r in memory
+                 if int(r["d"]) == d and r["stage"] in MEMORY_STAGES and r["largest N"]}
+        got = out.setdefault(str(d), {s: {} for s in MEMORY_STAGES})
+        for n in sorted(set(MEMORY_NS) | extra):
+            cmd = [flashstep, "model", "--backward",
+                   "--stage", ",".join(s[:2] for s in MEMORY_STAGES), "--B", "1",
+                   "--H", str(2048 // d), "--N", str(n), "--d", str(d), "--format", "csv"]
+            text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            head = lines[0].split(",")
+            for ln in lines[1:]:
+                row = dict(zip(head, ln.split(",")))
+                if row["stage"] in got:
+                    got[row["stage"]][str(n)] = int(row["device memory"])
+    out = {d: {s: sorted([int(n), b] for n, b in got.items()) for s, got in by.items()}
+           for d, by in out.items()}
+    # Sources newer than the binary: its numbers may be the old model's.
+    newest = max((os.path.getmtime(os.path.join(ROOT, src if isinstance(src, str) else src[0]))
+                  for src in MEMORY_SOURCES
+                  if os.path.exists(os.path.join(ROOT, src if isinstance(src, str) else src[0]))),
+                 default=0)
+    if newest > os.path.getmtime(flashstep):
+        print(f"plots: warning: {os.path.relpath(flashstep, ROOT)} is older than the model's "
+              "sources; rebuild it (cmake --build build --target flashstep)", file=sys.stderr)
+    for r in memory:  # the CSV's modelled rows were the same model at its N
+        if r["how"].startswith("allocation (model)") and r["stage"] in MEMORY_STAGES:
+            now = dict(out.get(r["d"], {}).get(r["stage"], [])).get(int(r["N"]))
+            if now is not None and now != int(r["memory"]):
+                print(f"plots: warning: backward_memory.csv has {r['stage']} d = {r['d']} at "
+                      f"N = {r['N']}: {r['memory']} bytes, the model now {now}", file=sys.stderr)
+    return out
+
+
+def n_label(n):
+    if n >= 2 ** 20:
+        return f"{n // 2 ** 20}M"
+    return f"{n // 1024}k" if n >= 1024 else str(n)
+
+
+# Decades of GB on backward_memory.png's y axis, labelled in bytes' units.
+BYTE_TICKS = {0.01: "10 MB", 0.1: "100 MB", 1: "1 GB", 10: "10 GB", 100: "100 GB", 1e3: "1 TB",
+              1e4: "10 TB", 1e5: "100 TB", 1e6: "1 PB"}
+# What grows with N in each stage's allocation (README's Backward table), written by its line.
+MEMORY_GROWTH = {"02_safe_softmax": "grows as N²: P and dS, N × N per head",
+                 "05_sequence_parallel": "grows as N: Q, K, V, O, their gradients, L and D"}
+
+
+def memory_figure(memory, model, style_order):
+    """Device memory (forward + backward) against N at B = 1, H = 2048/d, one panel per d."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+    order = list(style_order) + [s for s in MEMORY_STAGES if s not in style_order]
+    styles, zorder = stage_styles(order), stage_zorder(order)
+    ds = sorted({int(r["d"]) for r in memory})
+    fig, axes = plt.subplots(1, len(ds), figsize=(13, 6.8), squeeze=False)
+    gpu_bytes = int(memory[0]["gpu memory"]) if memory[0]["gpu memory"] else None
+    gpu = memory[0].get("gpu") or "GPU"
+    handles = {}
+    growth = []  # (axes, stage, points, colour) whose growth is written along the line
+    x_lo, x_hi = MEMORY_NS[0] / 1.4, MEMORY_NS[-1] * 1.6
+    y_lo, y_hi = 0.005, 5e6  # GB
+    for j, d in enumerate(ds):
+        ax = axes[0][j]
+        mine = [r for r in memory if int(r["d"]) == d]
+        if gpu_bytes:
+            g = gpu_bytes / 1e9
+            ax.axhspan(g, y_hi, color="0.93", zorder=0)
+            h = ax.axhline(g, color="firebrick", linewidth=1.5, zorder=1)
+            handles.setdefault(f"{gpu} memory, {g:.0f} GB (shaded: does not fit)", h)
+        for s in MEMORY_STAGES:
+            pts = [(n, b / 1e9) for n, b in (model or {}).get(str(d), {}).get(s, [])]
+            if not pts:
+                continue
+            c, m, ls = styles[s]
+            label = f"{BACKWARD_LABELS.get(s, s)}: what it allocates (model)"
+            (h,) = ax.plot(*zip(*pts), color=c, marker=m, linestyle=ls, zorder=zorder[s],
+                           label=label,
+                           markevery=[k for k, (n, _) in enumerate(pts) if n in MEMORY_NS])
+            handles.setdefault(label, h)
+            if s in MEMORY_GROWTH:
+                growth.append((ax, s, pts, c))
+        if not model:  # without the CLI, the stages' rows of the CSV: one point each
+            for r in mine:
+                if r["stage"] in styles and r["memory"]:
+                    c, m, _ = styles[r["stage"]]
+                    label = (f"{BACKWARD_LABELS.get(r['stage'], r['stage'])}: {r['how']} "
+                             f"at N = {int(r['N']):,}")
+                    h = ax.scatter([int(r["N"])], [int(r["memory"]) / 1e9], s=70, marker=m,
+                                   color=c, zorder=4, label=label)
+                    handles.setdefault(label, h)
+        for p, label in FP32_PEERS.items():
+            hit = [r for r in mine if r["stage"] == p and r["memory"]]
+            if hit:
+                c, _, _ = PEER_STYLE[p]
+                lab = f"{label}: measured peak at N = {int(hit[0]['N']):,}"
+                h = ax.scatter([int(hit[0]["N"])], [int(hit[0]["memory"]) / 1e9], s=150, marker="*",
+                               color=c, edgecolors="black", linewidths=0.6, zorder=6, label=lab)
+                handles.setdefault(lab, h)
+        # Each backward's largest N at B = 1: a tick on the GPU's line, its N beside it.
+        if gpu_bytes:
+            for k, r in enumerate(mine):
+                if not r["largest N"]:
+                    continue
+                n = int(r["largest N"])
+                c = styles[r["stage"]][0] if r["stage"] in styles else PEER_STYLE[r["stage"]][0]
+                ax.plot([n], [gpu_bytes / 1e9], marker="|", markersize=26, markeredgewidth=3,
+                        color=c, zorder=5, linestyle="none")
+                extrapolated = r["largest N how"].startswith("extrapolated")
+                ax.annotate(f"{n:,}" + ("*" if extrapolated else ""), (n, gpu_bytes / 1e9),
+                            xytext=(-5, 16), textcoords="offset points", rotation=90, ha="right",
+                            va="bottom", fontsize=8.5, color=c if c != "0.55" else "0.35")
+            (h,) = ax.plot([], [], marker="|", markersize=14, markeredgewidth=3, color="black",
+                           linestyle="none")
+            handles.setdefault("largest N at B = 1 (tick on the GPU's line, N beside it; "
+                               "* extrapolated from SDPA's peak)", h)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(MEMORY_NS[::2])
+        ax.set_xticklabels([n_label(n) for n in MEMORY_NS[::2]])
+        ax.set_xticks(MEMORY_NS[1::2], minor=True)
+        ax.set_xlim(x_lo, x_hi)
+        ax.set_xlabel("sequence length N")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_yscale("log")
+        ax.set_ylim(y_lo, y_hi)
+        ax.set_yticks(list(BYTE_TICKS))
+        ax.set_yticklabels(list(BYTE_TICKS.values()))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="major", alpha=0.3)
+        hh = {int(r["H"]) for r in mine}
+        ax.set_title(f"d = {d}, B = 1, H = {hh.pop() if len(hh) == 1 else 2048 // d}", fontsize=11)
+        if j == 0:
+            ax.set_ylabel("device memory, forward + backward (log)")
+    what = ("stages: what they allocate, `flashstep model --backward`" if model else
+            "stages' lines left out: no build/stages/cli/flashstep to model them")
+    fig.suptitle("fp32 forward + backward device memory (inputs, outputs, gradients, workspaces) "
+                 f"against N\n{what}; SDPA: measured\n{provenance(memory, 'backward_memory.csv')}",
+                 fontsize=11)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=2, fontsize=9,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    # Each stage's growth in words, parallel to its line just below it, from N = 2^16
+    # (02, clear of the largest-N ticks) or 2^12 (05): the angle is the line's on
+    # screen, so after the layout.
+    for ax, s, pts, c in growth:
+        n0 = 2 ** 16 if s == "02_safe_softmax" else 2 ** 12
+        xy = dict(pts)
+        if n0 not in xy or 2 * n0 not in xy:
+            continue
+        (x0, y0), (x1, y1) = ax.transData.transform([(n0, xy[n0]), (2 * n0, xy[2 * n0])])
+        angle = math.degrees(math.atan2(y1 - y0, x1 - x0))
+        ax.annotate(MEMORY_GROWTH[s], (n0, xy[n0]), xytext=(6, -8), textcoords="offset points",
+                    rotation=angle, rotation_mode="anchor", ha="left", va="top", fontsize=9,
+                    color=c)
+    return fig
+
+
 # ------------------------------------------------------------------ main
 
-def draw(out):
+def draw(out, flashstep=FLASHSTEP):
+    """Draws every plot the CSVs allow; returns the PNGs drawn and the memory model used."""
     import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "flashstep"  # no randomness anywhere
-    fwd, peers, traffic, ceilings = (read(n) for n in INPUTS)
+    fwd, peers, traffic, ceilings, bwd, memory = (read(n) for n in INPUTS)
     if not fwd:
         sys.exit("plots: no docs/results/forward.csv (run tests/bench/sweep.py on a GPU)")
     os.makedirs(out, exist_ok=True)
@@ -443,13 +610,40 @@ def draw(out):
         drawn.append("roofline.png")
     else:
         print("plots: no docs/results/ceilings.csv (tests/bench/ceilings.py): no roofline")
-    return drawn
+    order = list(dict.fromkeys(r["stage"] for r in fwd))  # each stage's colour as in the forward's
+    model = None
+    if bwd:
+        stages = [r for r in bwd if r["stage"] not in FP32_PEERS]
+        bpeers = [r for r in bwd if r["stage"] in FP32_PEERS]
+        src = provenance(bwd, "backward.csv")
+        if bwd[-1].get("torch"):
+            src += f", PyTorch {bwd[-1]['torch']}"
+        title = (f"fp32 backward, TFLOP/s ({BACKWARD_FLOP_RULE}; {SWEEP_RULE}); "
+                 "SDPA in the same run, TF32 off")
+        save(sweep_figure(stages, bpeers, "TFLOP/s", "TFLOP/s", title, False, style_order=order,
+                          labels=BACKWARD_LABELS, src=src, source="backward.csv", ncol=3),
+             "backward_tflops_vs_n.png", out)
+        drawn.append("backward_tflops_vs_n.png")
+    else:
+        print("plots: no docs/results/backward.csv (tests/bench/backward.py): no backward TFLOP/s")
+    if memory:
+        model = memory_model(flashstep, memory)
+        if model is None:
+            print(f"plots: no {os.path.relpath(flashstep, ROOT)}: backward_memory.png without the "
+                  "stages' lines", file=sys.stderr)
+        save(memory_figure(memory, model, order), "backward_memory.png", out)
+        drawn.append("backward_memory.png")
+    else:
+        print("plots: no docs/results/backward_memory.csv (tests/bench/backward.py): no memory plot")
+    return drawn, model
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
                     help="fail if the PNGs are missing or older than the CSVs (no matplotlib needed)")
+    ap.add_argument("--flashstep", default=FLASHSTEP,
+                    help="the built CLI, for the stages' modelled memory (default %(default)s)")
     args = ap.parse_args(argv)
     if args.check:
         problems = check()
@@ -458,12 +652,20 @@ def main(argv=None):
                      + "\n  ".join(problems))
         print("plots: up to date")
         return
-    drawn = draw(PLOTS)
+    drawn, model = draw(PLOTS, os.path.abspath(args.flashstep))
     stale = [p for p in os.listdir(PLOTS) if p.endswith(".png") and p not in drawn]
     for p in stale:
         print(f"plots: warning: docs/results/plots/{p} is not drawn by plots.py", file=sys.stderr)
     meta = fingerprint()
     meta["outputs"] = drawn
+    # What backward_memory.png's stage lines show, and the sources it came from
+    # (--check compares those); null when drawn without the CLI.
+    meta["memory model"] = model and {
+        "command": "flashstep model --backward --stage 02,05 --B 1 --H 2048/d --N N --d d "
+                   "--format csv (column \"device memory\", bytes)",
+        "sources": model_sources(),
+        "device memory": {d: {s: {str(n): b for n, b in pts} for s, pts in by.items()}
+                          for d, by in model.items()}}
     with open(SIDECAR, "w") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
         f.write("\n")
