@@ -10,15 +10,29 @@ q [B,H,Nq,d], k and v [B,H,Nk,d]: float32, contiguous, on one CUDA device.
 o is [B,H,Nq,d]; lse (the logsumexp L) is [B,H,Nq], or None for a stage that
 writes none (01_naive). The causal mask is aligned bottom-right (query i sees
 key j iff j <= i + Nk - Nq), unlike SDPA's is_causal (top-left) when Nq != Nk.
-The kernels run on torch's current stream; there is no autograd.
+The kernels run on torch's current stream.
+
+The backward, for a stage that has one (backward_stages(): 02_safe_softmax,
+05_sequence_parallel), by hand or through autograd:
+
+    dq, dk, dv = flashstep.backward(q, k, v, o, lse, do, stage="05", causal=True)
+    o = flashstep.attention(q, k, v, stage="05", causal=True)  # q, k, v requires_grad
+    (o * do).sum().backward()                                  # q.grad, k.grad, v.grad
+
+o and lse must be what forward() returned for the same stage and arguments;
+do is the loss's gradient in o, shaped like o. flashstep.Attention is the
+torch.autograd.Function behind attention() (Attention.apply(q, k, v, stage,
+causal, scale)); it supports one backward, not double backward.
 
 The library is $FLASHSTEP_LIB (the file, or its folder), else the first of
 build/stages/capi/libflashstep.so and build-gpu/stages/capi/libflashstep.so
 under the repository root; `make` builds it. torch is imported only when
-forward() or the self-test runs, so CPU-only tools can call stages().
+forward(), backward(), attention() or the self-test runs (or Attention is
+first used), so CPU-only tools can call stages().
 
     python3 notebooks/flashstep.py             # list the stages
-    python3 notebooks/flashstep.py --selftest  # on a GPU: every stage against fp64 SDPA
+    python3 notebooks/flashstep.py --selftest  # on a GPU: every stage against fp64 SDPA,
+                                               # every backward against fp64 autograd
 """
 import argparse
 import ctypes
@@ -83,10 +97,16 @@ def _load():
         lib.flashstep_stage_title.restype = ctypes.c_char_p
         lib.flashstep_stage_writes_lse.argtypes = [ctypes.c_char_p]
         lib.flashstep_stage_writes_lse.restype = ctypes.c_int
+        lib.flashstep_stage_has_backward.argtypes = [ctypes.c_char_p]
+        lib.flashstep_stage_has_backward.restype = ctypes.c_int
         lib.flashstep_forward.argtypes = [
             ctypes.c_char_p, i64, i64, i64, i64, i64, ctypes.c_int, ctypes.c_double,
             ptr, ptr, ptr, ptr, ptr, ptr]
         lib.flashstep_forward.restype = ctypes.c_int
+        lib.flashstep_backward.argtypes = [
+            ctypes.c_char_p, i64, i64, i64, i64, i64, ctypes.c_int, ctypes.c_double,
+            ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+        lib.flashstep_backward.restype = ctypes.c_int
         lib.flashstep_last_error.argtypes = []
         lib.flashstep_last_error.restype = ctypes.c_char_p
         _lib = lib
@@ -117,6 +137,26 @@ def writes_lse(stage):
     if w < 0:
         raise FlashstepError(ESTAGE, last_error())
     return bool(w)
+
+
+def has_backward(stage):
+    """Whether the stage has a backward pass; FlashstepError for an unknown stage."""
+    h = _load().flashstep_stage_has_backward(_stage_bytes(stage))
+    if h < 0:
+        raise FlashstepError(ESTAGE, last_error())
+    return bool(h)
+
+
+def backward_stages():
+    """Names of the stages that have a backward pass, in stage order."""
+    return [name for name in stages() if has_backward(name)]
+
+
+def _require_backward(stage):
+    """FlashstepError (ESTAGE), naming the stages that have one, unless stage has a backward."""
+    if not has_backward(stage):
+        raise FlashstepError(ESTAGE, f"stage {stage} has no backward pass; stages with one: "
+                                     f"{', '.join(backward_stages())}")
 
 
 def _stage_bytes(stage):
@@ -155,6 +195,44 @@ def _check_inputs(torch, q, k, v):
                          "disagree on B, H or d")
 
 
+def _check_like(torch, name, t, shape, device, what):
+    """One clear error for the first thing wrong with one more tensor (o, lse, do)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be torch.float32 (flashstep's stages are fp32), "
+                        f"got {t.dtype}")
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {t.device}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must be {what} {tuple(shape)}, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous; call .contiguous() first")
+
+
+def _scale_arg(scale):
+    """The ABI's scale argument: 0 for None (its "1/sqrt(d)"), else a finite number > 0."""
+    if scale is None:
+        return 0.0
+    scale_arg = float(scale)
+    if not (math.isfinite(scale_arg) and scale_arg > 0):
+        raise ValueError(f"scale must be a finite number > 0 (or None), got {scale}")
+    return scale_arg
+
+
+def _call(torch, call):
+    """Runs call() (an ABI call returning a status); FlashstepError unless OK."""
+    code = call()
+    if code == ENOMEM:
+        # torch's caching allocator may hold the memory the workspace needs.
+        torch.cuda.empty_cache()
+        code = call()
+    if code != OK:
+        raise FlashstepError(code, last_error())
+
+
 def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
     """Runs one stage: returns (o, lse), lse None for a stage that writes no L.
 
@@ -164,12 +242,7 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
     import torch
 
     _check_inputs(torch, q, k, v)
-    if scale is None:
-        scale_arg = 0.0  # the ABI's "1/sqrt(d)"
-    else:
-        scale_arg = float(scale)
-        if not (math.isfinite(scale_arg) and scale_arg > 0):
-            raise ValueError(f"scale must be a finite number > 0 (or None), got {scale}")
+    scale_arg = _scale_arg(scale)
     lse_written = writes_lse(stage)
     lib = _load()
     B, H, Nq, d = q.shape
@@ -179,20 +252,102 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
         lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device) if lse_written else None
         stream = torch.cuda.current_stream(q.device).cuda_stream
 
-        def call():
-            return lib.flashstep_forward(
-                _stage_bytes(stage), B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
-                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                lse.data_ptr() if lse is not None else None, stream)
-
-        code = call()
-        if code == ENOMEM:
-            # torch's caching allocator may hold the memory the workspace needs.
-            torch.cuda.empty_cache()
-            code = call()
-    if code != OK:
-        raise FlashstepError(code, last_error())
+        _call(torch, lambda: lib.flashstep_forward(
+            _stage_bytes(stage), B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+            lse.data_ptr() if lse is not None else None, stream))
     return o, lse
+
+
+def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None):
+    """Runs one stage's backward pass: returns (dq, dk, dv), shaped like q, k, v.
+
+    o and lse are what forward() returned for the same stage, q, k, v, causal
+    and scale (both are read, never written); do is the loss's gradient in o,
+    [B,H,Nq,d]. All float32, contiguous, on q's CUDA device. A stage whose
+    forward saves state for its backward (02_safe_softmax: P) has its forward
+    re-run by the library first (stages/capi/flashstep.h). Queued on torch's
+    current stream; FlashstepError (ESTAGE) for a stage without a backward."""
+    import torch
+
+    _require_backward(stage)
+    _check_inputs(torch, q, k, v)
+    if lse is None:
+        raise ValueError("lse is None: the backward reads the forward's logsumexp L "
+                         "[B,H,Nq], which forward() returns for the stages that have a backward")
+    B, H, Nq, d = q.shape
+    Nk = k.shape[2]
+    _check_like(torch, "o", o, q.shape, q.device, "[B,H,Nq,d] like q")
+    _check_like(torch, "lse", lse, (B, H, Nq), q.device, "[B,H,Nq]")
+    _check_like(torch, "do", do, q.shape, q.device, "[B,H,Nq,d] like q")
+    scale_arg = _scale_arg(scale)
+    lib = _load()
+    with torch.cuda.device(q.device):
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+        dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _call(torch, lambda: lib.flashstep_backward(
+            _stage_bytes(stage), B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+            do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), stream))
+    return dq, dk, dv
+
+
+_attention_class = None
+
+
+def _attention():
+    """flashstep.Attention, made on first use (it subclasses torch's Function)."""
+    global _attention_class
+    if _attention_class is None:
+        import torch
+        from torch.autograd.function import once_differentiable
+
+        # The module's functions, under names the methods below do not shadow.
+        run_forward, run_backward = forward, backward
+
+        class Attention(torch.autograd.Function):
+            """O = attention(q, k, v) by one flashstep stage, forward and backward.
+
+            Attention.apply(q, k, v, stage, causal, scale) returns o; the
+            backward runs the stage's backward on the saved q, k, v, o and lse."""
+
+            @staticmethod
+            def forward(ctx, q, k, v, stage, causal, scale):
+                o, lse = run_forward(q, k, v, stage=stage, causal=causal, scale=scale)
+                ctx.save_for_backward(q, k, v, o, lse)
+                ctx.flashstep_args = (stage, causal, scale)
+                return o
+
+            @staticmethod
+            @once_differentiable
+            def backward(ctx, do):
+                q, k, v, o, lse = ctx.saved_tensors
+                stage, causal, scale = ctx.flashstep_args
+                # do is often not contiguous (o.sum() hands back a stride-0 expand).
+                do = do.to(torch.float32).contiguous()
+                dq, dk, dv = run_backward(q, k, v, o, lse, do, stage=stage, causal=causal,
+                                          scale=scale)
+                return dq, dk, dv, None, None, None
+
+        _attention_class = Attention
+    return _attention_class
+
+
+def attention(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
+    """o = attention(q, k, v) through autograd: o.backward(...) (or any loss of o)
+    fills q.grad, k.grad and v.grad with the stage's backward. Inputs as for
+    forward(); FlashstepError (ESTAGE), up front, for a stage without a backward."""
+    _require_backward(stage)
+    return _attention().apply(q, k, v, stage, causal, scale)
+
+
+def __getattr__(name):
+    # flashstep.Attention without importing torch at module import (PEP 562).
+    if name == "Attention":
+        return _attention()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -213,6 +368,21 @@ SELFTEST_PROBLEMS = [
     (1, 2, 33, 45, 256, True, 0.1),
 ]
 INPUT_MEAN = 0.5  # common/check.h kInputMean: zero-mean inputs hide errors
+# The gradients' bound: common/check.h kFp32GradTolerance (dS = P o (dP - D)
+# cancels leading digits, so elements of dQ and dK near 0 carry a little more
+# absolute error than O does).
+GRAD_ATOL, GRAD_RTOL = 1e-4, 1e-4
+# (B, H, Nq, Nk, d, causal, scale) for the backward: d = 59 (no float4 path),
+# 96 and 256 (stage 05's other head-dimension buckets), Nq > Nk causal (rows
+# that see no key: dq = 0), and a non-default scale (dq = scale dS K).
+BACKWARD_PROBLEMS = [
+    (2, 3, 97, 113, 59, False, None),
+    (2, 3, 97, 113, 59, True, None),
+    (1, 2, 130, 67, 64, True, None),
+    (2, 1, 113, 203, 96, True, None),
+    (1, 2, 33, 45, 256, False, None),
+    (1, 2, 45, 33, 40, True, 0.25),
+]
 # Stage 01 keeps S [B,H,Nq,Nk] in a workspace: at N = 250000 that is 233 GiB,
 # more than any one GPU here has, so the call must fail with ENOMEM up front.
 ENOMEM_N = 250_000
@@ -239,12 +409,34 @@ def _reference(torch, q, k, v, causal, scale):
     return o, torch.logsumexp(s, dim=-1)
 
 
-def _compare(torch, got, want):
+def _reference_grads(torch, q, k, v, do, causal, scale):
+    """fp64 autograd of attention written out (S, masked softmax, P V): dq, dk, dv.
+    Rows that see no key have P = 0, so O = 0 and their gradients are 0."""
+    Nq, Nk, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    with torch.enable_grad():
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        s = (q64 @ k64.transpose(-1, -2)) * scale
+        if causal:
+            i = torch.arange(Nq, device=q.device)[:, None]
+            j = torch.arange(Nk, device=q.device)[None, :]
+            mask = j <= i + (Nk - Nq)  # True: may attend
+            # A row that sees no key would be softmax(all -inf) = NaN: give it
+            # zeros to normalise instead, then zero every hidden entry of P.
+            s = s.masked_fill(~mask, -math.inf).masked_fill(~mask.any(dim=-1)[:, None], 0.0)
+            p = torch.softmax(s, dim=-1).masked_fill(~mask, 0.0)
+        else:
+            p = torch.softmax(s, dim=-1)
+        (p @ v64).backward(do.double())
+    return q64.grad, k64.grad, v64.grad
+
+
+def _compare(torch, got, want, atol=ATOL, rtol=RTOL):
     """(max abs error, elements outside the bound); infinities must match exactly."""
     got = got.double()
     inf = torch.isinf(want)
     err = torch.where(inf, torch.zeros_like(want), (got - want).abs())
-    bad = (inf & (got != want)) | (~inf & ~(err <= ATOL + RTOL * want.abs()))
+    bad = (inf & (got != want)) | (~inf & ~(err <= atol + rtol * want.abs()))
     return err.max().item(), int(bad.sum().item())
 
 
@@ -269,6 +461,64 @@ def _expect(what, fn, exc_type, fragment, code=None):
         return False
     print(f"  bad input, {what}: FAIL, no error raised")
     return False
+
+
+def _selftest_backward(torch, dev, gen):
+    """Each stage's backward against fp64 autograd, by backward() and through
+    attention(); prints a line per stage and returns the number that failed."""
+    problems = []
+    for B, H, Nq, Nk, d, causal, scale in BACKWARD_PROBLEMS:
+        q, k, v = _inputs(torch, B, H, Nq, Nk, d, dev, gen)
+        do = torch.randn((B, H, Nq, d), generator=gen, device=dev)  # zero mean, as dO is
+        problems.append((q, k, v, do, causal, scale,
+                         _reference_grads(torch, q, k, v, do, causal, scale)))
+    failures = 0
+    for stage in backward_stages():
+        worst = [0.0, 0.0, 0.0]  # dq, dk, dv
+        worst_autograd = 0.0
+        bad = 0
+        notes = []
+        try:
+            for q, k, v, do, causal, scale, want in problems:
+                o, lse = forward(q, k, v, stage=stage, causal=causal, scale=scale)
+                o_before, lse_before = o.clone(), lse.clone()
+                got = backward(q, k, v, o, lse, do, stage=stage, causal=causal, scale=scale)
+                for i, (g, w) in enumerate(zip(got, want)):
+                    e, n = _compare(torch, g, w, GRAD_ATOL, GRAD_RTOL)
+                    worst[i], bad = max(worst[i], e), bad + n
+                if not (torch.equal(o, o_before) and torch.equal(lse, lse_before)):
+                    notes.append("backward wrote o or lse")
+                    bad += 1
+                # Through autograd: the loss sum(o * do) has gradient do in o.
+                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                o_auto = attention(*leaves, stage=stage, causal=causal, scale=scale)
+                if not torch.equal(o_auto.detach(), o):
+                    notes.append("attention()'s o differs from forward()'s")
+                    bad += 1
+                (o_auto * do).sum().backward()
+                for leaf, w in zip(leaves, want):
+                    e, n = _compare(torch, leaf.grad, w, GRAD_ATOL, GRAD_RTOL)
+                    worst_autograd, bad = max(worst_autograd, e), bad + n
+            # o.sum() hands the backward a stride-0 gradient; only q needs one here.
+            q, k, v, do, causal, scale, _ = problems[1]
+            q_leaf = q.clone().requires_grad_()
+            attention(q_leaf, k, v, stage=stage, causal=causal, scale=scale).sum().backward()
+            o, lse = forward(q, k, v, stage=stage, causal=causal, scale=scale)
+            dq_ones, _, _ = backward(q, k, v, o, lse, torch.ones_like(o), stage=stage,
+                                     causal=causal, scale=scale)
+            if _compare(torch, q_leaf.grad, dq_ones.double(), GRAD_ATOL, GRAD_RTOL)[1]:
+                notes.append("o.sum().backward() differs from backward() with do = 1")
+                bad += 1
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - report the stage and go on
+            notes.append(f"{type(e).__name__}: {e}")
+            bad += 1
+        status = "ok" if bad == 0 else "FAIL"
+        failures += bad != 0
+        print(f"  {stage:<24} backward: max err dQ {worst[0]:.1e}  dK {worst[1]:.1e}  "
+              f"dV {worst[2]:.1e}  autograd {worst_autograd:.1e}  {status}"
+              + (f"  ({'; '.join(notes)})" if notes else ""))
+    return failures
 
 
 def selftest():
@@ -331,11 +581,15 @@ def selftest():
         print(f"  {stage:<24} max err O {worst_o:.1e}  L {l_text:<8} {status}"
               + (f"  ({'; '.join(notes)})" if notes else ""))
 
+    failures += _selftest_backward(torch, dev, gen)
+
     q, k, v, _, _, _ = problems[0]
     q_host = q.cpu()
     lib = _load()
     lse = torch.empty(q.shape[:3], device=dev)
     o = torch.empty_like(q)
+    do = torch.randn(q.shape, generator=gen, device=dev)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def raw(qp, kp, vp, op, lp, stage=DEFAULT_STAGE):
         B, H, Nq, d = q.shape
@@ -344,6 +598,16 @@ def selftest():
         if code != OK:
             raise FlashstepError(code, last_error())
 
+    def raw_backward(lp, dop, dqp, stage=DEFAULT_STAGE):
+        B, H, Nq, d = q.shape
+        code = lib.flashstep_backward(stage.encode(), B, H, Nq, k.shape[2], d, 0, 0.0,
+                                      q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                      lp, dop, dqp, dk.data_ptr(), dv.data_ptr(), None)
+        if code != OK:
+            raise FlashstepError(code, last_error())
+
+    big = torch.ones(1, 1, ENOMEM_N, 1, device=dev)
+    with_backward = ", ".join(backward_stages())
     checks = [
         ("float64 q", lambda: forward(q.double(), k, v), TypeError, "torch.float32", None),
         ("CPU tensors", lambda: forward(q_host, k.cpu(), v.cpu()), ValueError, "CUDA tensor",
@@ -379,6 +643,41 @@ def selftest():
         ("ABI: O overlaps Q", lambda: raw(q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                           q.data_ptr(), lse.data_ptr()),
          FlashstepError, "O overlaps Q", EINVAL),
+        ("backward of a stage without one", lambda: backward(q, k, v, o, lse, do,
+                                                             stage="04_fa2_q_outer"),
+         FlashstepError, f"has no backward pass; stages with one: {with_backward}", ESTAGE),
+        ("attention() with a stage without a backward",
+         lambda: attention(q, k, v, stage="01_naive"),
+         FlashstepError, "has no backward pass", ESTAGE),
+        ("backward, unknown stage", lambda: backward(q, k, v, o, lse, do, stage="99_nope"),
+         FlashstepError, "unknown stage '99_nope'", ESTAGE),
+        ("backward, lse None", lambda: backward(q, k, v, o, None, do), ValueError,
+         "lse is None", None),
+        ("backward, do shaped like k", lambda: backward(q, k, v, o, lse, k), ValueError,
+         "do must be [B,H,Nq,d]", None),
+        ("backward, lse [B,H,Nq,1]", lambda: backward(q, k, v, o, lse[..., None], do),
+         ValueError, "lse must be [B,H,Nq]", None),
+        ("backward, float64 do", lambda: backward(q, k, v, o, lse, do.double()), TypeError,
+         "do must be torch.float32", None),
+        ("backward, non-contiguous o", lambda: backward(
+            q, k, v, o.transpose(0, 1).contiguous().transpose(0, 1), lse, do),
+         ValueError, "o must be contiguous", None),
+        ("backward, CPU do", lambda: backward(q, k, v, o, lse, do.cpu()), ValueError,
+         "do must be a CUDA tensor", None),
+        ("stage 02's backward, P and dS beyond device memory", lambda: backward(
+            big, big, big, big, big[..., 0], big, stage="02_safe_softmax"),
+         FlashstepError, "of device workspace", ENOMEM),
+        ("ABI backward: stage 04", lambda: raw_backward(
+            lse.data_ptr(), do.data_ptr(), dq.data_ptr(), stage="04_fa2_q_outer"),
+         FlashstepError, f"stages with one: {with_backward}", ESTAGE),
+        ("ABI backward: L NULL", lambda: raw_backward(None, do.data_ptr(), dq.data_ptr()),
+         FlashstepError, "L is NULL", EINVAL),
+        ("ABI backward: dQ overlaps dO", lambda: raw_backward(
+            lse.data_ptr(), do.data_ptr(), do.data_ptr()),
+         FlashstepError, "dQ overlaps dO", EINVAL),
+        ("ABI backward: host dO", lambda: raw_backward(
+            lse.data_ptr(), q_host.data_ptr(), dq.data_ptr()),
+         FlashstepError, "must be device or managed memory", EINVAL),
     ]
     if torch.cuda.device_count() > 1:
         other = torch.device("cuda", (dev.index + 1) % torch.cuda.device_count())
@@ -396,13 +695,14 @@ def selftest():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--selftest", action="store_true",
-                    help="run every stage against fp64 SDPA and check the input errors (GPU)")
+                    help="run every stage against fp64 SDPA, every backward against fp64 "
+                         "autograd, and check the input errors (GPU)")
     args = ap.parse_args()
     if args.selftest:
         sys.exit(selftest())
     print(f"{library_path()}:")
     for name, title in titles().items():
-        print(f"  {name:<24} {title}")
+        print(f"  {name:<24} {title}" + ("  (+ backward)" if has_backward(name) else ""))
 
 
 if __name__ == "__main__":

@@ -294,68 +294,78 @@ TEST_CASE("capi backward: an invalid problem is FLASHSTEP_EINVAL, named as valid
   }
 }
 
-TEST_CASE("capi backward: null, misaligned and overlapping pointers are FLASHSTEP_EINVAL") {
-  BackwardCall c;
-  for (const char* stage : {"02_safe_softmax", "05_sequence_parallel"}) {
+namespace {
+
+// The stages with a backward: every argument check is theirs alike.
+constexpr const char* kBackwardStages[] = {"02_safe_softmax", "05_sequence_parallel"};
+
+// Runs `c` as each stage with a backward; each must refuse it with EINVAL and
+// a message that starts with `prefix`.
+void check_refused(BackwardCall& c, const std::string& prefix) {
+  for (const char* stage : kBackwardStages) {
     CAPTURE(stage);
     c.stage = stage;
-    SUBCASE("null L: every backward reads it") {
-      c.L_in = nullptr;
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error() == "L is NULL");
-    }
-    SUBCASE("null O") {
-      c.O_in = nullptr;
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error() == "O is NULL");
-    }
-    SUBCASE("null dO") {
-      c.dO = nullptr;
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error() == "dO is NULL");
-    }
-    SUBCASE("null dV") {
-      c.dV = nullptr;
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error() == "dV is NULL");
-    }
-    SUBCASE("misaligned dO") {
-      c.dO = shifted(c.dO, 2);
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error().rfind("dO (", 0) == 0);
-      CHECK(last_error().find("is not aligned to 4 bytes") != std::string::npos);
-    }
-    SUBCASE("misaligned dK") {
-      c.dK = shifted(c.dK, 1);
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error().rfind("dK (", 0) == 0);
-    }
-    SUBCASE("dQ on top of dO") {
-      c.dQ = c.grad.dO.data();
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error() == "dQ overlaps dO; outputs need memory of their own");
-    }
-    SUBCASE("dQ on top of Q, as an in-place gradient would be") {
-      c.dQ = c.buf.Q.data();
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error() == "dQ overlaps Q; outputs need memory of their own");
-    }
-    SUBCASE("dK's tail inside L") {
-      // dK [B,H,Nk,d] ends one float into L.
-      c.dK = c.buf.L.data() + 1 - static_cast<std::ptrdiff_t>(c.grad.dK.size());
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error() == "dK overlaps L; outputs need memory of their own");
-    }
-    SUBCASE("dV inside dK") {
-      c.dV = c.grad.dK.data() + 7;
-      CHECK(c.run() == FLASHSTEP_EINVAL);
-      CHECK(last_error() == "dV overlaps dK; outputs need memory of their own");
-    }
-    SUBCASE("inputs may share memory") {
-      c.K = c.Q;
-      c.V = c.Q;
-      c.Nk = c.Nq;
-      c.dO = c.O_in;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind(prefix, 0) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("capi backward: null, misaligned and overlapping pointers are FLASHSTEP_EINVAL") {
+  BackwardCall c;
+  SUBCASE("null L: every backward reads it") {
+    c.L_in = nullptr;
+    check_refused(c, "L is NULL");
+  }
+  SUBCASE("null O") {
+    c.O_in = nullptr;
+    check_refused(c, "O is NULL");
+  }
+  SUBCASE("null dO") {
+    c.dO = nullptr;
+    check_refused(c, "dO is NULL");
+  }
+  SUBCASE("null dV") {
+    c.dV = nullptr;
+    check_refused(c, "dV is NULL");
+  }
+  SUBCASE("misaligned dO") {
+    c.dO = shifted(c.dO, 2);
+    check_refused(c, "dO (");
+    CHECK(last_error().find("is not aligned to 4 bytes") != std::string::npos);
+  }
+  SUBCASE("misaligned dK") {
+    c.dK = shifted(c.dK, 1);
+    check_refused(c, "dK (");
+  }
+  SUBCASE("dQ on top of dO") {
+    c.dQ = c.grad.dO.data();
+    check_refused(c, "dQ overlaps dO; outputs need memory of their own");
+  }
+  SUBCASE("dQ on top of Q, as an in-place gradient would be") {
+    c.dQ = c.buf.Q.data();
+    check_refused(c, "dQ overlaps Q; outputs need memory of their own");
+  }
+  SUBCASE("dK's last float is L's first") {
+    const size_t kv = c.grad.dK.size();
+    std::vector<float> arena(kv - 1 + c.buf.L.size());
+    c.dK = arena.data();
+    c.L_in = arena.data() + kv - 1;
+    check_refused(c, "dK overlaps L; outputs need memory of their own");
+  }
+  SUBCASE("dV inside dK") {
+    c.dV = c.grad.dK.data() + 7;
+    check_refused(c, "dV overlaps dK; outputs need memory of their own");
+  }
+  SUBCASE("inputs may share memory") {
+    c.Nk = c.Nq;
+    c.K = c.Q;
+    c.V = c.Q;
+    c.dO = c.O_in;
+    for (const char* stage : kBackwardStages) {
+      CAPTURE(stage);
+      c.stage = stage;
       const int code = c.run();
       CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
       CHECK(last_error().find("overlaps") == std::string::npos);
@@ -365,7 +375,7 @@ TEST_CASE("capi backward: null, misaligned and overlapping pointers are FLASHSTE
 
 TEST_CASE("capi backward: valid arguments on host memory fail cleanly, with or without a GPU") {
   BackwardCall c;
-  for (const char* stage : {"02_safe_softmax", "05_sequence_parallel"}) {
+  for (const char* stage : kBackwardStages) {
     CAPTURE(stage);
     c.stage = stage;
     const int code = c.run();

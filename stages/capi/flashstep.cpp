@@ -411,6 +411,7 @@ void backward(const char* stage_name, const Problem& p, const float* Q, const fl
   t.workspace = workspace.get();
   stage.backward(p, t, stream);
 }
+
 }  // namespace
 
 extern "C" {

@@ -17,7 +17,10 @@
  *  NaN and Inf inputs are not errors: they flow through the arithmetic as in
  *  PyTorch's scaled_dot_product_attention, so each affected row of O comes out
  *  NaN (L of such a row is NaN or -inf, depending on the stage). The call
- *  still returns FLASHSTEP_OK.
+ *  still returns FLASHSTEP_OK. A NaN in Q or K reaches exactly the rows that
+ *  see it (a GPU test checks this for every stage). A NaN in V can also reach
+ *  rows that give its key zero weight, since kernels multiply whole tiles of V
+ *  and 0 x NaN = NaN, as PyTorch's math backend does.
  */
 #ifndef FLASHSTEP_CAPI_FLASHSTEP_H
 #define FLASHSTEP_CAPI_FLASHSTEP_H
