@@ -175,3 +175,16 @@ TEST_CASE("cli: model --backward prints the backwards' model with their device m
   CHECK(flashstep::device_bytes_needed(s02, p, true) > 2 * 32 * p.Nq * p.Nk * 4);
   CHECK(flashstep::device_bytes_needed(s05, p, true) < (2ll << 30));
 }
+
+TEST_CASE("cli: info prints the device's facts, or one line and exit 1 without a GPU") {
+  const Result r = run_cli({"info", "--format", "csv"});
+  if (flashstep::cuda_device_available()) {
+    CHECK(r.code == 0);
+    CHECK(r.out.rfind("gpu,sm_count,max_sm_clock_mhz,", 0) == 0);
+  } else {
+    CHECK(r.code == 1);
+    CHECK(r.out.empty());
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.find("no usable CUDA device") != std::string::npos);
+  }
+}

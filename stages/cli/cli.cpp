@@ -106,6 +106,26 @@ void append(std::vector<Cell>& row, const std::vector<Cell>& more) {
   row.insert(row.end(), more.begin(), more.end());
 }
 
+// CUDA encodes versions as 1000 * major + 10 * minor, e.g. 13000 for 13.0.
+std::string cuda_version(int v) {
+  constexpr int kMajor = 1000, kMinor = 10;
+  return std::to_string(v / kMajor) + "." + std::to_string(v % kMajor / kMinor);
+}
+
+// `flashstep info`: one row of the device's facts.
+Report info_report(const DeviceInfo& dev) {
+  constexpr int kKhzPerMhz = 1000;
+  Report r;
+  r.title = "device 0";
+  r.columns = {"gpu", "sm_count", "max_sm_clock_mhz", "max_mem_clock_mhz", "l2", "memory",
+               "cuda_driver", "cuda_runtime"};
+  r.rows.push_back({text(dev.name), integer(dev.sm_count), integer(dev.sm_clock_khz / kKhzPerMhz),
+                    integer(dev.mem_clock_khz / kKhzPerMhz), bytes(dev.l2_bytes),
+                    bytes(dev.total_bytes), text(cuda_version(dev.driver_version)),
+                    text(cuda_version(dev.runtime_version))});
+  return r;
+}
+
 // The stages that have a backward pass, for --backward; an Error if none does.
 std::vector<const Stage*> backward_stages(const std::vector<const Stage*>& stages) {
   std::vector<const Stage*> out;
@@ -268,7 +288,7 @@ std::string check_gradients(const Stage& s, std::vector<const std::vector<float>
 }  // namespace
 
 std::string usage() {
-  return R"(usage: flashstep [run|model] [options]
+  return R"(usage: flashstep [run|model|info] [options]
 
 Runs every stage on one problem, checks it against the fp64 reference, times
 it, and prints it beside its modelled HBM traffic. Without a GPU, prints the
@@ -276,6 +296,8 @@ model alone.
 
   run                 (default) run, check and time the stages on the GPU
   model               print each stage's modelled traffic and FLOPs; no GPU used
+  info                print the GPU's name, SM count, clocks, memory, driver and
+                      CUDA versions (what the benchmarks record beside results)
 
 problem (default B=1 H=8 N=1024 d=64, non-causal, scale 1/sqrt(d)):
   --B N, --H N        batch and heads
@@ -327,6 +349,7 @@ Options parse_args(const std::vector<std::string>& args) {
     Problem& p = o.problem;
     if (k == 0 && flag == "run") o.mode = Mode::kRun;
     else if (k == 0 && flag == "model") o.mode = Mode::kModel;
+    else if (k == 0 && flag == "info") o.mode = Mode::kInfo;
     else if (flag == "-h" || flag == "--help") o.mode = Mode::kHelp;
     else if (flag == "--B") p.B = parse_int(flag, value());
     else if (flag == "--H") p.H = parse_int(flag, value());
@@ -390,6 +413,14 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   const std::vector<const Stage*> stages = selected_stages(o.stages);
 
   std::string why;
+  if (o.mode == Mode::kInfo) {
+    if (!cuda_device_available(&why)) {
+      err << "flashstep: no usable CUDA device (" << why << ")\n";
+      return kExitFailed;
+    }
+    print(info_report(device_info()), o.format, out);
+    return kExitOk;
+  }
   if (o.mode == Mode::kModel || !cuda_device_available(&why)) {
     if (o.mode == Mode::kRun) {
       err << "flashstep: no usable CUDA device (" << why

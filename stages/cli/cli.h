@@ -20,6 +20,7 @@ enum class Format { kTable, kCsv, kJson };
 enum class Mode {
   kRun,    ///< run, check and time the stages (model only when there is no GPU)
   kModel,  ///< print the stages' modelled traffic and FLOPs; touches no GPU
+  kInfo,   ///< print the GPU's facts every recorded result carries
   kHelp,   ///< print usage
 };
 

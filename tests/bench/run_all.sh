@@ -7,6 +7,7 @@
 #
 # Steps, in order (all of them when none is named):
 #   build     cmake --preset default, CUDA architectures from $CUDA_ARCHITECTURES (default 90)
+#   device    device.py         -> device.csv   (flashstep info: SM count, clocks, memory, CUDA versions)
 #   sweep     sweep.py          -> forward.csv  (the FlashAttention-2 paper's sweep)
 #   long      sweep.py --long   -> long.csv     (B=1, H=4, N=65536)
 #   peers     peers.py          -> peers.csv    (PyTorch SDPA; skipped without torch + CUDA)
@@ -35,10 +36,10 @@
 # SWEEP_ARGS (extra flags for sweep.py and peers.py, e.g. "--N 1024 --d 64"),
 # TRAFFIC_ARGS (extra flags for traffic.py, e.g. "--N 8192 --d 64").
 set -uo pipefail
-log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [build sweep long peers traffic backward ceilings tables plots]}
+log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [build device sweep long peers traffic backward ceilings tables plots]}
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build sweep long peers traffic backward ceilings tables plots)
+[ ${#steps[@]} -eq 0 ] && steps=(build device sweep long peers traffic backward ceilings tables plots)
 
 mkdir -p "$log" && log=$(cd "$log" && pwd) || exit 1
 cd "$(dirname "$0")/../.." || exit 1
@@ -162,6 +163,10 @@ sys.exit(0 if any(r["dram_read"] for r in csv.DictReader(open(sys.argv[1]))) els
         say "ceilings: skipped, no PyTorch with CUDA for $py; $results/ceilings.csv left as it was"
       fi
       ;;
+    device)
+      step device "$py" tests/bench/device.py --flashstep "$exe" --out "$log/device.csv"
+      record device device.csv
+      ;;
     tables)
       step tables "$py" tests/bench/tables.py
       ;;
@@ -173,7 +178,7 @@ sys.exit(0 if any(r["dram_read"] for r in csv.DictReader(open(sys.argv[1]))) els
       fi
       ;;
     *)
-      say "unknown step '$s' (build sweep long peers traffic backward ceilings tables plots)"
+      say "unknown step '$s' (build device sweep long peers traffic backward ceilings tables plots)"
       failed+=("$s")
       ;;
   esac
