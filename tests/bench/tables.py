@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the results tables into the READMEs from the recorded CSVs.
 
-Reads docs/results/forward.csv (sweep.py), docs/results/traffic.csv
+Provenance lines add the SM count and CUDA versions from docs/results/device.csv
+(device.py) when it describes the same GPU. Reads docs/results/forward.csv (sweep.py), docs/results/traffic.csv
 (traffic.py) and, when it exists, docs/results/peers.csv (peers.py: PyTorch
 SDPA on the same problems) and rewrites, between marker lines, the tables in
 README.md (<!-- results:forward:begin/end -->, <!-- results:traffic:begin/end -->)
@@ -44,9 +45,19 @@ def gb(x):
     return f"{int(x) / 1e9:.2f}"
 
 
+def device_facts(gpu):
+    """' (132 SMs, CUDA 13.0)' from device.csv (device.py) when it describes this GPU."""
+    hit = [d for d in read("device.csv") if d["gpu"] == gpu]
+    if not hit:
+        return ""
+    d = hit[0]
+    return f" ({d['sm_count']} SMs, CUDA runtime {d['cuda_runtime']}, driver API {d['cuda_driver']})"
+
+
 def provenance(rows, name):
     r = rows[0]
-    return (f"_Recorded in `docs/results/{name}`: {r.get('gpu') or 'GPU not recorded'}, driver {r['driver']}, "
+    return (f"_Recorded in `docs/results/{name}`: {r.get('gpu') or 'GPU not recorded'}"
+            f"{device_facts(r.get('gpu'))}, driver {r['driver']}, "
             f"{r['date']}, commit `{r['commit'][:10]}`._")
 
 
