@@ -15,14 +15,21 @@ inline constexpr int kThreads = 256;
 /// Rows of Q (and dO, dQ) per inner step (the paper's Br). The block keeps Kj,
 /// Vj, dK_j and dV_j for its whole life and streams Q blocks past them, so Br
 /// sizes only the streamed tiles: 32 keeps Qi, dOi, P_ij, dS_ij and dS_ij^T of
-/// d = 128 beside Kj and Vj in 125 KiB, inside an sm_80 block's 163 KiB.
+/// d = 256 beside Kj and Vj in 144 KiB, inside an sm_80 block's 163 KiB.
 inline constexpr int kBr = 32;
 
-/// Keys per K/V block (the paper's Bc), per head-dimension bucket. 64 for
-/// d <= 128; 32 for d = 256, where 64 keys of Kj and Vj alone would take
-/// 130 KiB and, with the streamed tiles, pass sm_80's 163 KiB; dK_j and dV_j
-/// would also need 128 registers per thread.
-constexpr int block_keys(int head_dim_bucket) { return head_dim_bucket <= 128 ? 64 : 32; }
+/// Keys per K/V block (the paper's Bc), per head-dimension bucket.
+/// - d <= 64: 64 keys. The tiles take 77 KiB and dK_j, dV_j 32 registers per
+///   thread, so two blocks share an SM.
+/// - d = 128: 32 keys. With 64, dK_j and dV_j need 64 registers per thread
+///   (244 in all) and the tiles 125 KiB: one 8-warp block per SM, no warp
+///   ready in 54% of the cycles (ncu). 32 keys halve both (80 KiB, 128
+///   registers) and two blocks share an SM: measured 6-12% faster on the H200
+///   (A/B at N = 4096 and 16384), although every Q block is now streamed
+///   past twice as many K/V blocks.
+/// - d = 256: 32 keys; 64 keys of Kj and Vj alone would take 130 KiB and, with
+///   the streamed tiles, pass sm_80's 163 KiB.
+constexpr int block_keys(int head_dim_bucket) { return head_dim_bucket <= 64 ? 64 : 32; }
 
 /// The head-dimension bucket a problem's d is zero-padded to inside the tiles.
 constexpr int head_dim_bucket(std::int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }

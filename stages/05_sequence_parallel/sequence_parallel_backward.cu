@@ -100,9 +100,12 @@ struct Layout {
   // float2 or float4s of a dS_ij^T row) and one float4 of columns.
   static constexpr int kDqColGroups = kHeadDim / kVec;
   static constexpr int kDqTM = kBr * kDqColGroups / kThreads;
-  // Registers: at d <= 64 dK_j, dV_j and the scores fit 128 registers, so two
-  // blocks share an SM (their shared memory fits too); larger buckets run one.
-  static constexpr int kMinBlocksPerSM = kHeadDim <= 64 ? 2 : 1;
+  // Registers: up to d = 128 (64 keys at d = 64, 32 at d = 128: see
+  // backward_tiles.h) a thread fits in 128 registers, so two blocks share an
+  // SM (their shared memory fits too), at the price of a spill of 8-28 bytes
+  // that L1 serves: measured, two blocks with it beat one block without it by
+  // 23% at d = 64. d = 256 runs one block.
+  static constexpr int kMinBlocksPerSM = kHeadDim <= 128 ? 2 : 1;
 
   static_assert(kScoreGroups * kScoreGroups == kThreads, "one score piece per thread");
   static_assert(kBr % kScoreGroups == 0 && kBc % kScoreGroups == 0, "scores split evenly");
