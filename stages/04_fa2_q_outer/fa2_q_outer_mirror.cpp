@@ -1,15 +1,17 @@
 // Stage 04's CPU mirror (host only): Algorithm 1 of the FlashAttention-2 paper
 // in plain C++, with the kernel's loop order, tiles (Br = Bc = 64), log2-unit
 // softmax and -inf guards, in float like the kernel. Data moves between the
-// HBM arrays and the on-chip tiles only through Chip, which counts every
-// element moved, every shared-memory access and every FLOP; the tests check
-// those counts against model() and the outputs against the fp64 reference.
+// HBM arrays and the on-chip tiles only through Chip (common/mirror_chip.h),
+// which counts every element moved, every shared-memory access and every
+// FLOP; the tests check those counts against model() and the outputs against
+// the fp64 reference.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "common/error.h"
+#include "common/mirror_chip.h"
 #include "fa2_q_outer.h"
 
 namespace flashstep::fa2_q_outer {
@@ -18,75 +20,8 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// A tile in shared memory: row-major [rows][cols], cols = d or Bc.
-struct Tile {
-  std::int64_t rows = 0, cols = 0;
-  std::vector<float> v;
-};
-
-// One thread block's view of the machine: HBM on one side, shared memory and
-// registers on the other, and the counters of cost.h between them. Registers
-// (plain floats and vectors in the code below) are free; shared-memory tiles
-// and HBM are reached only through these helpers.
-class Chip {
- public:
-  Cost cost;
-
-  // HBM -> shared memory: rows x d elements of a row-major [., d] array.
-  void load(const float* hbm, std::int64_t rows, std::int64_t d, Tile& tile) {
-    tile.rows = rows;
-    tile.cols = d;
-    tile.v.assign(hbm, hbm + rows * d);
-    cost.hbm_read_bytes += rows * d * kElemBytes;
-    cost.sram_write_bytes += rows * d * kElemBytes;
-  }
-  // Registers -> HBM.
-  void store(float* hbm, float value) {
-    *hbm = value;
-    cost.hbm_write_bytes += kElemBytes;
-  }
-  // Registers -> shared memory, one element.
-  void write(Tile& tile, std::int64_t r, std::int64_t c, float value) {
-    cost.sram_write_bytes += kElemBytes;
-    tile.v[static_cast<size_t>(r * tile.cols + c)] = value;
-  }
-
-  // The tile products count 2 FLOPs per multiply-add, and each multiply-add
-  // reads its two operands from shared memory (the model's granularity).
-  // acc + sum_k A[a][k] B[b][k] over k < n, k in order: a row of S_ij = Qi Kj^T.
-  float dot(const Tile& A, std::int64_t a, const Tile& B, std::int64_t b, std::int64_t n,
-            float acc) {
-    cost.sram_read_bytes += 2 * n * kElemBytes;
-    cost.matmul_flops += 2 * n;
-    const float* x = &A.v[static_cast<size_t>(a * A.cols)];
-    const float* y = &B.v[static_cast<size_t>(b * B.cols)];
-    for (std::int64_t k = 0; k < n; ++k) acc += x[k] * y[k];
-    return acc;
-  }
-  // out[k] += A[a][s] B[s][k] for k < n: key s's share of a row of P~_ij Vj.
-  void axpy(const Tile& A, std::int64_t a, std::int64_t s, const Tile& B, std::int64_t n,
-            float* out) {
-    cost.sram_read_bytes += 2 * n * kElemBytes;
-    cost.matmul_flops += 2 * n;
-    const float x = A.v[static_cast<size_t>(a * A.cols + s)];
-    const float* y = &B.v[static_cast<size_t>(s * B.cols)];
-    for (std::int64_t k = 0; k < n; ++k) out[k] += x * y[k];
-  }
-  // Everything else, one FLOP each.
-  float mul(float a, float b) { return count(a * b); }
-  float add(float a, float b) { return count(a + b); }
-  float sub(float a, float b) { return count(a - b); }
-  float div(float a, float b) { return count(a / b); }
-  float max(float a, float b) { return count(std::max(a, b)); }
-  float exp2(float x) { return count(std::exp2(x)); }
-  float log(float x) { return count(std::log(x)); }
-
- private:
-  float count(float x) {
-    ++cost.nonmatmul_flops;
-    return x;
-  }
-};
+using mirror::Chip;
+using mirror::Tile;
 
 // Lines 4-15 of Algorithm 1 for Q block i of head bh (attend_q_block in the kernel).
 void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std::int64_t i,
@@ -131,7 +66,7 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     for (std::int64_t r = 0; r < R; ++r) {
       const std::int64_t visible = p.visible_keys(row0 + r) - key0;
       for (std::int64_t c = 0; c < C; ++c) {
-        const float s = chip.mul(chip.dot(Qi, r, Kj, c, d, 0.0f), scale_log2);
+        const float s = chip.mul(chip.dot(Qi, r, Kj, c, d), scale_log2);
         S_ij[static_cast<size_t>(r * C + c)] = c < visible ? s : -kInf;
       }
     }
@@ -163,7 +98,7 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     // Line 10, second half: O~_i += P~_ij Vj, keys in order like the kernel.
     for (std::int64_t r = 0; r < R; ++r) {
       for (std::int64_t c = 0; c < C; ++c) {
-        chip.axpy(P_tilde_ij, r, c, Vj, d, &O_tilde[static_cast<size_t>(r * d)]);
+        chip.axpy(P_tilde_ij, r, c, Vj, c, d, &O_tilde[static_cast<size_t>(r * d)]);
       }
     }
   }

@@ -1,10 +1,11 @@
 // Stage 05's backward mirror (host only): Algorithm 2 of the FlashAttention-2
 // paper in plain C++, with the kernel's loop order, tiles (Br = 32, Bc = 64 or
 // 32), log2-unit exponentials and masking, in float like the kernel. Data
-// moves between the HBM arrays and the on-chip tiles only through Chip, which
-// counts every element moved, every shared-memory access and every FLOP; the
-// tests check those counts against backward_model() and the gradients against
-// the fp64 reference.
+// moves between the HBM arrays and the on-chip tiles only through Chip
+// (common/mirror_chip.h, shared with stage 04's mirror), which counts every
+// element moved, every shared-memory access and every FLOP; the tests check
+// those counts against backward_model() and the gradients against the fp64
+// reference.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "backward_tiles.h"
 #include "common/error.h"
 #include "common/fa2_tiles.h"
+#include "common/mirror_chip.h"
 #include "common/row_dot.h"
 #include "sequence_parallel.h"
 
@@ -19,77 +21,8 @@ namespace flashstep::sequence_parallel {
 
 namespace {
 
-// A tile in shared memory: row-major [rows][cols].
-struct Tile {
-  std::int64_t rows = 0, cols = 0;
-  std::vector<float> v;
-  float at(std::int64_t r, std::int64_t c) const { return v[static_cast<size_t>(r * cols + c)]; }
-};
-
-// One thread block's view of the machine (see stage 04's mirror): HBM on one
-// side, shared memory on the other, the counters of cost.h between them.
-// Registers (plain floats and vectors below) are free.
-class Chip {
- public:
-  Cost cost;
-
-  // HBM -> shared memory: rows x cols elements of a row-major [., cols] array.
-  void load(const float* hbm, std::int64_t rows, std::int64_t cols, Tile& tile) {
-    tile.rows = rows;
-    tile.cols = cols;
-    tile.v.assign(hbm, hbm + rows * cols);
-    cost.hbm_read_bytes += rows * cols * kElemBytes;
-    cost.sram_write_bytes += rows * cols * kElemBytes;
-  }
-  // Shared memory -> registers, one element used once.
-  float read(const Tile& tile, std::int64_t r, std::int64_t c) {
-    cost.sram_read_bytes += kElemBytes;
-    return tile.at(r, c);
-  }
-  // Registers -> shared memory, one element.
-  void write(Tile& tile, std::int64_t r, std::int64_t c, float value) {
-    cost.sram_write_bytes += kElemBytes;
-    tile.v[static_cast<size_t>(r * tile.cols + c)] = value;
-  }
-  // Registers -> HBM.
-  void store(float* hbm, float value) {
-    *hbm = value;
-    cost.hbm_write_bytes += kElemBytes;
-  }
-  // Registers -> HBM through an atomic add: a read and a write of the element.
-  void atomic_add(float* hbm, float value) {
-    *hbm += value;
-    cost.hbm_read_bytes += kElemBytes;
-    cost.hbm_write_bytes += kElemBytes;
-  }
-  // sum_k A[a][k] B[b][k] over k < n, in order: one score of Qi Kj^T or dOi Vj^T.
-  float dot(const Tile& A, std::int64_t a, const Tile& B, std::int64_t b, std::int64_t n) {
-    cost.sram_read_bytes += 2 * n * kElemBytes;
-    cost.matmul_flops += 2 * n;
-    float acc = 0.0f;
-    for (std::int64_t k = 0; k < n; ++k) acc += A.at(a, k) * B.at(b, k);
-    return acc;
-  }
-  // out[k] += A[r][c] B[r][k] for k < n (a row of P^T dO or dS^T Q), or
-  // out[k] += A[r][c] B[c][k] (a row of dS K): one operand of A, n of B.
-  void axpy(const Tile& A, std::int64_t r, std::int64_t c, const Tile& B, std::int64_t b,
-            std::int64_t n, float* out) {
-    cost.sram_read_bytes += 2 * n * kElemBytes;
-    cost.matmul_flops += 2 * n;
-    const float x = A.at(r, c);
-    for (std::int64_t k = 0; k < n; ++k) out[k] += x * B.at(b, k);
-  }
-  // Everything else, one FLOP each.
-  float mul(float a, float b) { return count(a * b); }
-  float sub(float a, float b) { return count(a - b); }
-  float exp2(float x) { return count(std::exp2(x)); }
-
- private:
-  float count(float x) {
-    ++cost.nonmatmul_flops;
-    return x;
-  }
-};
+using mirror::Chip;
+using mirror::Tile;
 
 // Line 4: D = rowsum(dO o O), one row at a time (common/row_dot.cu).
 void row_dot(const Problem& p, const HostBackwardTensors& t, std::vector<float>& D, Chip& chip) {
@@ -191,7 +124,7 @@ Cost backward_mirror(const Problem& p, const HostBackwardTensors& t) {
   row_dot(p, t, D, chip);  // line 4
   // The kernel's grid: K/V blocks along x, heads along y (a block taking
   // several heads only past grid y's limit); plus the D kernel's blocks.
-  const std::int64_t Bc = bwd::block_keys(bwd::head_dim_bucket(p.d));
+  const std::int64_t Bc = bwd::block_keys(head_dim_bucket(p.d));
   const std::int64_t Tc = (p.Nk + Bc - 1) / Bc;
   const std::int64_t grid_y = std::min(p.heads(), bwd::kMaxGridY);
   for (std::int64_t y = 0; y < grid_y; ++y) {
