@@ -26,20 +26,24 @@ inline const std::vector<Shape> kRaggedShapes = {
     {1, 2, 1023, 1024, 256}, {2, 1, 1, 239, 128},   {1, 2, 128, 217, 1},
 };
 
+/// A problem with the default softmax scale.
+inline Problem make_problem(std::int64_t B, std::int64_t H, std::int64_t Nq, std::int64_t Nk,
+                            std::int64_t d, bool causal) {
+  Problem p;
+  p.B = B;
+  p.H = H;
+  p.Nq = Nq;
+  p.Nk = Nk;
+  p.d = d;
+  p.causal = causal;
+  return p;
+}
+
 /// The problems of the grid, each non-causal and causal.
 inline std::vector<Problem> ragged_problems() {
   std::vector<Problem> out;
   for (const Shape& s : kRaggedShapes) {
-    for (bool causal : {false, true}) {
-      Problem p;
-      p.B = s.B;
-      p.H = s.H;
-      p.Nq = s.Nq;
-      p.Nk = s.Nk;
-      p.d = s.d;
-      p.causal = causal;
-      out.push_back(p);
-    }
+    for (bool causal : {false, true}) out.push_back(make_problem(s.B, s.H, s.Nq, s.Nk, s.d, causal));
   }
   return out;
 }

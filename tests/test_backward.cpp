@@ -12,24 +12,15 @@
 #include "common/check.h"
 #include "common/reference.h"
 #include "common/stage.h"
+#include "check_cost.h"
 #include "shapes.h"
 
 using flashstep::Cost;
 using flashstep::Problem;
 using flashstep::Stage;
+using flashstep::test::make_problem;
 
 namespace {
-
-Problem tiny(std::int64_t Nq, std::int64_t Nk, std::int64_t d, bool causal) {
-  Problem p;
-  p.B = 1;
-  p.H = 2;
-  p.Nq = Nq;
-  p.Nk = Nk;
-  p.d = d;
-  p.causal = causal;
-  return p;
-}
 
 std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
@@ -50,7 +41,8 @@ TEST_CASE("reference gradients match central finite differences of sum(O o dO), 
   // 1e-6 the check allows.
   constexpr double kStep = 1e-5;
   constexpr double kAllowed = 1e-6;
-  for (const Problem& p : {tiny(3, 5, 4, false), tiny(5, 3, 3, true), tiny(4, 4, 2, true)}) {
+  for (const Problem& p : {make_problem(1, 2, 3, 5, 4, false), make_problem(1, 2, 5, 3, 3, true),
+                           make_problem(1, 2, 4, 4, 2, true)}) {
     CAPTURE(p.describe());
     const auto in = flashstep::random_inputs(p, 11);
     std::vector<double> Q = to_double(in.Q), K = to_double(in.K), V = to_double(in.V);
@@ -64,7 +56,8 @@ TEST_CASE("reference gradients match central finite differences of sum(O o dO), 
         (*x)[e] = keep - kStep;
         const double down = loss(p, Q, K, V, dO);
         (*x)[e] = keep;
-        CHECK((*grad)[e] == doctest::Approx((up - down) / (2 * kStep)).epsilon(kAllowed).scale(1.0));
+        const double central = (up - down) / (2 * kStep);
+        CHECK((*grad)[e] == doctest::Approx(central).epsilon(kAllowed).scale(1.0));
       }
     }
   }
@@ -72,7 +65,7 @@ TEST_CASE("reference gradients match central finite differences of sum(O o dO), 
 
 TEST_CASE("reference gradients: a row that sees no key gets dQ = 0, and nothing is NaN") {
   // Causal with Nq > Nk: rows 0 .. Nq - Nk - 1 see no key (bottom-right mask).
-  const Problem p = tiny(6, 3, 4, true);
+  const Problem p = make_problem(1, 2, 6, 3, 4, true);
   const auto in = flashstep::random_inputs(p, 3);
   const auto dO = flashstep::random_output_grad(p, 4);
   const auto g = flashstep::reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
@@ -108,22 +101,15 @@ TEST_CASE("backward mirrors match the fp64 gradients and count exactly what thei
       const Cost counted = s.backward_mirror(
           p, {in.Q.data(), in.K.data(), in.V.data(), O.data(), L.data(), dO.data(), dQ.data(),
               dK.data(), dV.data()});
-      const auto ref = flashstep::reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+      const auto ref =
+          flashstep::reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
       for (auto [name, got, want] : {std::tuple{std::string_view("dQ"), &dQ, &ref.dQ},
                                      std::tuple{std::string_view("dK"), &dK, &ref.dK},
                                      std::tuple{std::string_view("dV"), &dV, &ref.dV}}) {
         const auto c = flashstep::compare(got->data(), *want, flashstep::kFp32GradTolerance);
         CHECK_MESSAGE(c.ok(), name << ": " << c.summary());
       }
-      const Cost model = s.backward_model(p);
-      CHECK(counted.hbm_read_bytes == model.hbm_read_bytes);
-      CHECK(counted.hbm_write_bytes == model.hbm_write_bytes);
-      CHECK(counted.sram_read_bytes == model.sram_read_bytes);
-      CHECK(counted.sram_write_bytes == model.sram_write_bytes);
-      CHECK(counted.matmul_flops == model.matmul_flops);
-      CHECK(counted.nonmatmul_flops == model.nonmatmul_flops);
-      CHECK(counted.thread_blocks == model.thread_blocks);
-      CHECK(counted.skipped_tiles == model.skipped_tiles);
+      flashstep::test::check_counts_equal(counted, s.backward_model(p));
     }
   }
   CHECK(mirrors >= 1);  // stage 05's Algorithm 2

@@ -10,12 +10,14 @@
 #include "common/naive_matmul.h"
 #include "common/row_dot.h"
 #include "common/stage.h"
+#include "shapes.h"
 
 using flashstep::Cost;
 using flashstep::Gemm;
 using flashstep::kElemBytes;
 using flashstep::Problem;
 using flashstep::Stage;
+using flashstep::test::make_problem;
 
 namespace {
 
@@ -27,18 +29,6 @@ const Stage& stage_02() {
   }
   FAIL("stage 02_safe_softmax is not registered");
   throw;  // unreachable: FAIL throws
-}
-
-Problem make(std::int64_t B, std::int64_t H, std::int64_t Nq, std::int64_t Nk, std::int64_t d,
-             bool causal) {
-  Problem p;
-  p.B = B;
-  p.H = H;
-  p.Nq = Nq;
-  p.Nk = Nk;
-  p.d = d;
-  p.causal = causal;
-  return p;
 }
 
 // A 32 x 32 tiled GEMM C [M, N] = alpha op(A) [M, K] op(B) [K, N] per head,
@@ -134,7 +124,8 @@ TEST_CASE("gemm_cost counts what a 32 x 32 tiled GEMM moves, whichever operand i
 }
 
 TEST_CASE("gemm_cost reproduces the forward's kernels 1 and 3, which tile the same way") {
-  for (const Problem& p : {make(2, 3, 113, 203, 40, false), make(1, 2, 1023, 1024, 64, true)}) {
+  for (const Problem& p :
+       {make_problem(2, 3, 113, 203, 40, false), make_problem(1, 2, 1023, 1024, 64, true)}) {
     CAPTURE(p.describe());
     Gemm scores;  // S [Nq, Nk] = scale Q [Nq, d] K^T [d, Nk]
     scores.batch = p.heads();
@@ -154,11 +145,12 @@ TEST_CASE("gemm_cost reproduces the forward's kernels 1 and 3, which tile the sa
 }
 
 TEST_CASE("stage 02's backward model: D, four tiled GEMMs and the dS kernel, counted by block") {
-  Problem unit_scale = make(1, 2, 128, 217, 59, false);
+  Problem unit_scale = make_problem(1, 2, 128, 217, 59, false);
   unit_scale.scale = 1.0;  // no alpha multiply in dQ and dK
-  for (const Problem& p : {make(2, 3, 113, 203, 40, false), make(2, 3, 113, 203, 40, true),
-                           make(2, 1, 239, 1, 64, true), make(1, 2, 1, 239, 16, false),
-                           make(2, 1, 70, 45, 1, false), unit_scale}) {
+  for (const Problem& p :
+       {make_problem(2, 3, 113, 203, 40, false), make_problem(2, 3, 113, 203, 40, true),
+        make_problem(2, 1, 239, 1, 64, true), make_problem(1, 2, 1, 239, 16, false),
+        make_problem(2, 1, 70, 45, 1, false), unit_scale}) {
     CAPTURE(p.describe());
     const Cost model = stage_02().backward_model(p);
     check_equal(model, count_backward(p));
@@ -168,15 +160,15 @@ TEST_CASE("stage 02's backward model: D, four tiled GEMMs and the dS kernel, cou
 }
 
 TEST_CASE("stage 02's backward moves Theta(N^2) bytes and holds P and dS, each B*H*N^2 floats") {
-  const Problem p2k = make(1, 32, 2048, 2048, 64, false);
-  const Problem p4k = make(1, 32, 4096, 4096, 64, false);
+  const Problem p2k = make_problem(1, 32, 2048, 2048, 64, false);
+  const Problem p4k = make_problem(1, 32, 4096, 4096, 64, false);
   const double ratio = static_cast<double>(stage_02().backward_model(p4k).hbm_bytes()) /
                        static_cast<double>(stage_02().backward_model(p2k).hbm_bytes());
   CHECK(ratio == doctest::Approx(4.0).epsilon(0.01));
 
   // The README's example: FlashAttention-2's N = 16384, d = 64, B = 1, H = 32.
   // P (the forward's workspace, saved) and dP/dS (the backward's, beside D).
-  const Problem p = make(1, 32, 16384, 16384, 64, false);
+  const Problem p = make_problem(1, 32, 16384, 16384, 64, false);
   const std::int64_t n_by_n = p.score_elems() * kElemBytes;
   CHECK(stage_02().workspace_bytes(p) == n_by_n);
   CHECK(stage_02().backward_workspace_bytes(p) == n_by_n + p.lse_elems() * kElemBytes);

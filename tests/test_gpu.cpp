@@ -45,6 +45,16 @@ Outputs run_stage(const Stage& s, const Problem& p, const flashstep::Inputs& in)
   return out;
 }
 
+// O (and L, for a stage that writes it) against the fp64 reference.
+void check_outputs(const Stage& s, const Outputs& got, const flashstep::ReferenceResult& ref) {
+  const auto o = flashstep::compare(got.O.data(), ref.O, flashstep::kFp32Tolerance);
+  CHECK_MESSAGE(o.ok(), "O: " << o.summary());
+  if (s.writes_lse) {
+    const auto l = flashstep::compare(got.L.data(), ref.L, flashstep::kFp32Tolerance);
+    CHECK_MESSAGE(l.ok(), "L: " << l.summary());
+  }
+}
+
 bool all_finite(const std::vector<float>& v) {
   for (float x : v) {
     if (!std::isfinite(x)) return false;
@@ -63,12 +73,7 @@ TEST_CASE("every stage matches the fp64 reference on the ragged grid, causal and
       const auto in = flashstep::random_inputs(p, seed++);  // fresh data for every check
       const Outputs got = run_stage(*s, p, in);
       const auto ref = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
-      const auto o = flashstep::compare(got.O.data(), ref.O, flashstep::kFp32Tolerance);
-      CHECK_MESSAGE(o.ok(), "O: " << o.summary());
-      if (s->writes_lse) {
-        const auto l = flashstep::compare(got.L.data(), ref.L, flashstep::kFp32Tolerance);
-        CHECK_MESSAGE(l.ok(), "L: " << l.summary());
-      }
+      check_outputs(*s, got, ref);
       // Rows that see no key: exactly O = 0 and L = -inf, never NaN.
       for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
         for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
@@ -101,12 +106,7 @@ TEST_CASE("logits beyond fp32 exp's range (~88.7): only a stage that declares it
       CHECK_FALSE(all_finite(got.O));
       MESSAGE("stage " << s->name << " knowingly fails on logits near 128: " << s->known_failure);
     } else {
-      const auto o = flashstep::compare(got.O.data(), ref.O, flashstep::kFp32Tolerance);
-      CHECK_MESSAGE(o.ok(), "O: " << o.summary());
-      if (s->writes_lse) {
-        const auto l = flashstep::compare(got.L.data(), ref.L, flashstep::kFp32Tolerance);
-        CHECK_MESSAGE(l.ok(), "L: " << l.summary());
-      }
+      check_outputs(*s, got, ref);
     }
   }
 }
@@ -242,8 +242,7 @@ TEST_CASE("more heads than a grid axis holds (B * H > 65535): every forward and 
     for (const Stage* s : selected()) {
       CAPTURE(s->name);
       const Outputs got = run_stage(*s, p, in);
-      const auto o = flashstep::compare(got.O.data(), ref.O, flashstep::kFp32Tolerance);
-      CHECK_MESSAGE(o.ok(), "O: " << o.summary());
+      check_outputs(*s, got, ref);
       if (s->backward) check_gradients(run_backward(*s, p, in, dO), ref_grad);
     }
   }

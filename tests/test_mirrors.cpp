@@ -9,11 +9,13 @@
 #include "common/check.h"
 #include "common/reference.h"
 #include "common/stage.h"
+#include "check_cost.h"
 #include "shapes.h"
 
 using flashstep::Cost;
 using flashstep::Problem;
 using flashstep::Stage;
+using flashstep::test::make_problem;
 
 namespace {
 const Stage& stage_named(std::string_view name) {
@@ -24,15 +26,6 @@ const Stage& stage_named(std::string_view name) {
   throw;  // unreachable: FAIL throws
 }
 
-Problem square(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t d, bool causal) {
-  Problem p;
-  p.B = B;
-  p.H = H;
-  p.Nq = p.Nk = N;
-  p.d = d;
-  p.causal = causal;
-  return p;
-}
 }  // namespace
 
 TEST_CASE("CPU mirrors match the fp64 reference and count exactly what their model says") {
@@ -55,16 +48,7 @@ TEST_CASE("CPU mirrors match the fp64 reference and count exactly what their mod
         const auto l = flashstep::compare(L.data(), ref.L, flashstep::kFp32Tolerance);
         CHECK_MESSAGE(l.ok(), "L: " << l.summary());
       }
-      const Cost model = s.model(p);
-      CHECK(counted.hbm_read_bytes == model.hbm_read_bytes);
-      CHECK(counted.hbm_write_bytes == model.hbm_write_bytes);
-      CHECK(counted.sram_read_bytes == model.sram_read_bytes);
-      CHECK(counted.sram_write_bytes == model.sram_write_bytes);
-      CHECK(counted.matmul_flops == model.matmul_flops);
-      CHECK(counted.nonmatmul_flops == model.nonmatmul_flops);
-      CHECK(counted.thread_blocks == model.thread_blocks);
-      CHECK(counted.skipped_tiles == model.skipped_tiles);
-      CHECK(counted.barriers == model.barriers);
+      flashstep::test::check_counts_equal(counted, s.model(p));
     }
   }
   CHECK(mirrors >= 2);  // stages 03 and 04 have mirrors
@@ -72,7 +56,7 @@ TEST_CASE("CPU mirrors match the fp64 reference and count exactly what their mod
 
 TEST_CASE("stages 01 and 02 write S and P, each B*H*Nq*Nk floats, to HBM") {
   for (bool causal : {false, true}) {
-    const Problem p = square(2, 3, 100, 40, causal);
+    const Problem p = make_problem(2, 3, 100, 100, 40, causal);
     const std::int64_t S = p.score_elems() * flashstep::kElemBytes;
     const std::int64_t O = p.q_elems() * flashstep::kElemBytes;
     const std::int64_t L = p.lse_elems() * flashstep::kElemBytes;
@@ -86,7 +70,7 @@ TEST_CASE("stages 01 and 02 write S and P, each B*H*Nq*Nk floats, to HBM") {
 
 TEST_CASE("the README's model claims at N = 4096, d = 64: 04 < 03 < 02 in HBM bytes") {
   for (bool causal : {false, true}) {
-    const Problem p = square(1, 1, 4096, 64, causal);
+    const Problem p = make_problem(1, 1, 4096, 4096, 64, causal);
     CAPTURE(causal);
     const Cost c02 = stage_named("02_safe_softmax").model(p);
     const Cost c03 = stage_named("03_fa1_kv_outer").model(p);
@@ -132,7 +116,7 @@ TEST_CASE("stage 06: split-Q and split-K move FA2's HBM bytes; split-K pays in S
   // Non-causal, Nq = Nk = 256, d = 64, one head: split-Q's 128-row Q blocks
   // each read Qi once and all 256 keys of K and V once: 2 blocks, 2 barriers
   // per K/V tile of 64 keys.
-  const Problem p = square(1, 1, 256, 64, false);
+  const Problem p = make_problem(1, 1, 256, 256, 64, false);
   const Cost cq = q.model(p);
   CHECK(cq.thread_blocks == 2);
   CHECK(cq.hbm_read_bytes == 2 * (128 + 2 * 256) * 64 * flashstep::kElemBytes);
