@@ -38,7 +38,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import HIDDEN, ITERS, LONG_N, TOKENS, gpu_facts  # noqa: E402
+from sweep import HIDDEN, ITERS, LONG_N, TOKENS, gpu_facts, write_csv  # noqa: E402
 from peers import INPUT_MEAN, L2_FLUSH_FACTOR, short, time_ms  # noqa: E402
 
 STAGES = "02,05"           # the stages with a backward pass
@@ -305,11 +305,7 @@ def main():
             r.update({k: meta[k] for k in ("gpu", "driver", "date", "commit")})
         outputs.append((args.determinism_out, DETERMINISM_COLUMNS, det_rows))
     for path, cols, data in outputs:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(data)
+        write_csv(path, data, cols)
     print(f"backward: {len(rows)} rows to {args.out}, {len(memory_rows)} to {args.memory_out} "
           f"in {time.time() - t_all:.0f} s; {failures} failure(s)", file=sys.stderr)
     sys.exit(1 if failures else 0)

@@ -17,7 +17,6 @@ alone). One CSV row per ceiling with the GPU, driver, date and commit.
         [--fma-peak build/tests/bench/flashstep_fma_peak]
 """
 import argparse
-import csv
 import datetime
 import os
 import statistics
@@ -25,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sweep import gpu_facts
+from sweep import gpu_facts, write_csv
 
 COPY_BYTES = 2 << 30   # per tensor: far beyond the 50-60 MB L2
 GEMM_N = 8192          # the size the project's anchors quote
@@ -97,10 +96,7 @@ def main():
     if fma:
         rows.append({"ceiling": "fma", "value": round(fma[0], 2), "unit": "TFLOP/s",
                      "median ms": round(fma[1], 4), **meta})
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out, rows)
     for r in rows:
         print(f"ceilings: {r['ceiling']} {r['value']} {r['unit']}")
 

@@ -15,6 +15,9 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep import write_csv  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,11 +31,7 @@ def main():
     rows = list(csv.DictReader(io.StringIO(proc.stdout)))
     for r in rows:
         r.update(date=datetime.date.today().isoformat(), commit=args.commit)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out, rows)
     print(f"device: {rows[0]['gpu']}, {rows[0]['sm_count']} SMs, CUDA runtime "
           f"{rows[0]['cuda_runtime']} -> {args.out}", file=sys.stderr)
 

@@ -21,7 +21,6 @@ forward.csv's columns where they apply; progress goes to stderr.
     python3 tests/bench/peers.py --out docs/results/peers.csv [--N 1024 2048] [--d 64]
 """
 import argparse
-import csv
 import datetime
 import math
 import os
@@ -30,7 +29,7 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import HIDDEN, ITERS, LONG_N, TOKENS, gpu_facts  # noqa: E402
+from sweep import HIDDEN, ITERS, LONG_N, TOKENS, gpu_facts, write_csv  # noqa: E402
 
 # stage column: (SDPBackend member, dtype name).
 PEERS = {
@@ -214,11 +213,7 @@ def main():
                   + ", ".join(summary) + f" ({time.time() - t0:.1f} s)",
                   file=sys.stderr, flush=True)
 
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out, rows, COLUMNS)
     print(f"peers: {len(rows)} rows to {args.out} in {time.time() - t_all:.0f} s; "
           f"{failures} check failure(s)", file=sys.stderr)
     sys.exit(1 if failures else 0)

@@ -30,6 +30,15 @@ ITERS = {"short": (2, 10), "long": (1, 5), "single": (0, 3)}  # (warm-up, timed 
 LONG_POINT = {"B": 1, "H": 4, "N": 65536}
 
 
+def write_csv(path, rows, columns=None):
+    """Writes rows (dicts) to path with a header: `columns`, or the first row's keys."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns or list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def gpu_facts():
     """GPU name, driver and SM clock limit from nvidia-smi (empty when absent)."""
     try:
@@ -90,11 +99,7 @@ def main():
 
     if not rows:
         sys.exit("sweep: no results")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out, rows)
     print(f"sweep: {len(rows)} rows to {args.out}; {failures} problem(s) with a failed stage",
           file=sys.stderr)
     sys.exit(1 if failures else 0)

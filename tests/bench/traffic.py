@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 
-from sweep import HIDDEN, TOKENS, gpu_facts
+from sweep import HIDDEN, TOKENS, gpu_facts, write_csv
 
 METRICS = {
     "dram_read": "dram__bytes_read.sum",
@@ -114,11 +114,7 @@ def main():
                 rows.append(row)
                 print(f"traffic: {m['stage']} N={N} d={d}: "
                       f"{'ok' if counters else error}", file=sys.stderr, flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out, rows)
 
 
 if __name__ == "__main__":
