@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "common/cuda_check.h"
+#include "common/launch.cuh"
 #include "common/reduce.cuh"
 #include "fa1_kv_outer.h"
 
@@ -75,7 +76,7 @@ struct Tiles {
   static constexpr int kSharedBytes =
       static_cast<int>(((Br + 2 * Bc) * kStride + Br * kScoreStride) * sizeof(float));
 
-  static_assert(D == padded_head_dim(D), "D must be one of the padded head dimensions");
+  static_assert(D == head_dim_bucket(D), "D must be one of the head-dimension buckets");
   static_assert(Br % kGridRows == 0 && Bc % kGridCols == 0, "tiles must cover the thread grid");
   static_assert(D % (kVec * kGridCols) == 0, "each thread owns whole float4s of O_i");
   static_assert(Bc % kVec == 0, "P~_ij Vj walks the K/V rows four at a time");
@@ -402,16 +403,11 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 void launch(const Problem& p, const ForwardTensors& t, float* l, float* m, bool vec4,
             Stream stream) {
-  constexpr int kShared = Tiles<D>::kSharedBytes;
-  cuda_check(cudaFuncSetAttribute(fa1_kv_outer_kernel<D>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kShared),
-             "stage 03: setting the kernel's shared memory size");
   const auto grid = static_cast<unsigned>(launched_blocks(p));
-  fa1_kv_outer_kernel<D><<<grid, kThreads, kShared, stream>>>(
-      t.Q, t.K, t.V, t.O, t.L, l, m, p.heads(), static_cast<int>(p.Nq),
-      static_cast<int>(p.Nk), static_cast<int>(p.d), static_cast<float>(p.softmax_scale()),
-      p.causal, vec4);
-  check_launch("stage 03 fa1_kv_outer_kernel");
+  launch_with_smem(fa1_kv_outer_kernel<D>, grid, kThreads, Tiles<D>::kSharedBytes, stream,
+                   "stage 03 fa1_kv_outer_kernel", t.Q, t.K, t.V, t.O, t.L, l, m, p.heads(),
+                   static_cast<int>(p.Nq), static_cast<int>(p.Nk), static_cast<int>(p.d),
+                   static_cast<float>(p.softmax_scale()), p.causal, vec4);
 }
 
 }  // namespace
@@ -424,7 +420,7 @@ void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   float* l = static_cast<float*>(t.workspace);  // [B, H, Nq]
   float* m = l + p.lse_elems();                 // [B, H, Nq]
   const bool vec4 = float4_ok(p, t);
-  switch (padded_head_dim(p.d)) {  // one instance per value padded_head_dim returns
+  switch (head_dim_bucket(p.d)) {  // one instance per value head_dim_bucket returns (common/problem.h)
     case 64: launch<64>(p, t, l, m, vec4, stream); break;
     case 128: launch<128>(p, t, l, m, vec4, stream); break;
     default: launch<256>(p, t, l, m, vec4, stream); break;

@@ -22,10 +22,6 @@ inline constexpr int kThreads = 256;
 /// beside the score tile without spilling.
 inline constexpr int kBr = 64;
 
-/// The head dimension a kernel instance is compiled for: d rounded up to 64,
-/// 128 or 256 (the one compile-time knob). Columns d .. D-1 of every tile are
-/// zero, so the padded products add nothing.
-constexpr int padded_head_dim(std::int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 /// Key/value rows per tile (Bc) for a padded head dimension D. Kj, Vj and Qi are
 /// (Bc + Bc + Br) rows of D floats in shared memory: Bc = 64 fits D = 128 in
@@ -35,7 +31,7 @@ constexpr int kv_tile_rows(int head_dim) { return head_dim <= 128 ? 64 : 32; }
 /// Tc = ceil(Nk / Bc): the number of K/V blocks, i.e. how many times every
 /// O_i, l_i, m_i makes the round trip through HBM.
 inline std::int64_t kv_tiles(const Problem& p) {
-  const std::int64_t Bc = kv_tile_rows(padded_head_dim(p.d));
+  const std::int64_t Bc = kv_tile_rows(head_dim_bucket(p.d));
   return (p.Nk + Bc - 1) / Bc;
 }
 

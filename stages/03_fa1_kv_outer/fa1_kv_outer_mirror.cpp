@@ -93,7 +93,7 @@ Cost mirror(const Problem& p, const HostTensors& t) {
   if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 03 mirror: null tensor pointer");
   const std::int64_t Nq = p.Nq, Nk = p.Nk, d = p.d;
   const std::int64_t Br = kBr;
-  const std::int64_t Bc = kv_tile_rows(padded_head_dim(d));
+  const std::int64_t Bc = kv_tile_rows(head_dim_bucket(d));
   const std::int64_t Tr = (Nq + Br - 1) / Br;
   const std::int64_t Tc = kv_tiles(p);
   const float scale = static_cast<float>(p.softmax_scale());

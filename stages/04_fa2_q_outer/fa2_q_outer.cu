@@ -39,6 +39,7 @@
 #include <cstdint>
 
 #include "common/cuda_check.h"
+#include "common/launch.cuh"
 #include "common/fa2_q_block.cuh"
 #include "fa2_q_outer.h"
 
@@ -66,15 +67,9 @@ __global__ void __launch_bounds__(kThreads, Layout<kHeadDim>::kMinBlocksPerSM)
 
 template <int kHeadDim>
 void launch(const Params& prm, Stream stream) {
-  constexpr std::size_t bytes = Layout<kHeadDim>::kSmemBytes;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in.
-  cuda_check(cudaFuncSetAttribute(fa2_forward_kernel<kHeadDim>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             "stage 04: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   const auto grid = static_cast<unsigned>(std::min(prm.heads, kMaxBlocks));
-  fa2_forward_kernel<kHeadDim><<<grid, kThreads, bytes, stream>>>(prm);
-  check_launch("stage 04 fa2_forward_kernel");
+  launch_with_smem(fa2_forward_kernel<kHeadDim>, grid, kThreads, Layout<kHeadDim>::kSmemBytes,
+                   stream, "stage 04 fa2_forward_kernel", prm);
 }
 
 }  // namespace
@@ -83,13 +78,10 @@ void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 04: null tensor pointer");
   const Params prm = fa2::make_params(p, t);
-  // Head-dimension buckets: d is zero-padded up to 64, 128 or 256 inside the tiles.
-  if (p.d <= 64) {
-    launch<64>(prm, stream);
-  } else if (p.d <= 128) {
-    launch<128>(prm, stream);
-  } else {
-    launch<256>(prm, stream);
+  switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
+    case 64: launch<64>(prm, stream); break;
+    case 128: launch<128>(prm, stream); break;
+    default: launch<256>(prm, stream); break;
   }
 }
 

@@ -24,15 +24,13 @@ inline constexpr int kBr = 32;
 /// - d = 128: 32 keys. With 64, dK_j and dV_j need 64 registers per thread
 ///   (244 in all) and the tiles 125 KiB: one 8-warp block per SM, no warp
 ///   ready in 54% of the cycles (ncu). 32 keys halve both (80 KiB, 128
-///   registers) and two blocks share an SM: measured 6-12% faster on the H200
-///   (A/B at N = 4096 and 16384), although every Q block is now streamed
-///   past twice as many K/V blocks.
+///   registers) and two blocks share an SM: faster at every point of the
+///   recorded sweep (docs/results/backward.csv, commit 6efea7d against
+///   a78d9a8), although every Q block is now streamed past twice as many K/V
+///   blocks.
 /// - d = 256: 32 keys; 64 keys of Kj and Vj alone would take 130 KiB and, with
 ///   the streamed tiles, pass sm_80's 163 KiB.
 constexpr int block_keys(int head_dim_bucket) { return head_dim_bucket <= 64 ? 64 : 32; }
-
-/// The head-dimension bucket a problem's d is zero-padded to inside the tiles.
-constexpr int head_dim_bucket(std::int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same K/V
 /// block of several heads.

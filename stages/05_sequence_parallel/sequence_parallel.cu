@@ -46,6 +46,7 @@
 #include <cstdint>
 
 #include "common/cuda_check.h"
+#include "common/launch.cuh"
 #include "common/fa2_q_block.cuh"
 #include "sequence_parallel.h"
 
@@ -76,16 +77,10 @@ __global__ void __launch_bounds__(kThreads, Layout<kHeadDim>::kMinBlocksPerSM)
 
 template <int kHeadDim>
 void launch(const Params& prm, std::int64_t Tr, Stream stream) {
-  constexpr std::size_t bytes = Layout<kHeadDim>::kSmemBytes;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in.
-  cuda_check(cudaFuncSetAttribute(sequence_parallel_kernel<kHeadDim>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             "stage 05: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   const dim3 grid(static_cast<unsigned>(Tr),
                   static_cast<unsigned>(std::min(prm.heads, kMaxGridY)));
-  sequence_parallel_kernel<kHeadDim><<<grid, kThreads, bytes, stream>>>(prm);
-  check_launch("stage 05 sequence_parallel_kernel");
+  launch_with_smem(sequence_parallel_kernel<kHeadDim>, grid, kThreads,
+                   Layout<kHeadDim>::kSmemBytes, stream, "stage 05 sequence_parallel_kernel", prm);
 }
 
 }  // namespace
@@ -96,13 +91,10 @@ void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   const Params prm = fa2::make_params(p, t);
   // Grid x: Tr <= ceil((2^31 - 1) / 64) Q blocks, far inside x's 2^31 - 1.
   const std::int64_t Tr = fa2::q_blocks(p);
-  // Head-dimension buckets: d is zero-padded up to 64, 128 or 256 inside the tiles.
-  if (p.d <= 64) {
-    launch<64>(prm, Tr, stream);
-  } else if (p.d <= 128) {
-    launch<128>(prm, Tr, stream);
-  } else {
-    launch<256>(prm, Tr, stream);
+  switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
+    case 64: launch<64>(prm, Tr, stream); break;
+    case 128: launch<128>(prm, Tr, stream); break;
+    default: launch<256>(prm, Tr, stream); break;
   }
 }
 

@@ -43,6 +43,7 @@
 
 #include "backward_tiles.h"
 #include "common/cuda_check.h"
+#include "common/launch.cuh"
 #include "common/fa2_tiles.h"
 #include "common/reduce.cuh"
 #include "common/row_dot.h"
@@ -103,8 +104,8 @@ struct Layout {
   // Registers: up to d = 128 (64 keys at d = 64, 32 at d = 128: see
   // backward_tiles.h) a thread fits in 128 registers, so two blocks share an
   // SM (their shared memory fits too), at the price of a spill of 8-28 bytes
-  // that L1 serves: measured, two blocks with it beat one block without it by
-  // 23% at d = 64. d = 256 runs one block.
+  // that L1 serves; one spill-free block per SM was slower at d = 64 on the
+  // H200. d = 256 runs one block.
   static constexpr int kMinBlocksPerSM = kHeadDim <= 128 ? 2 : 1;
 
   static_assert(kScoreGroups * kScoreGroups == kThreads, "one score piece per thread");
@@ -428,18 +429,12 @@ __global__ void __launch_bounds__(kThreads, Layout<kHeadDim>::kMinBlocksPerSM)
 
 template <int kHeadDim>
 void launch(const Params& prm, Stream stream) {
-  constexpr std::size_t bytes = Layout<kHeadDim>::kSmemBytes;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in.
-  cuda_check(cudaFuncSetAttribute(backward_kernel<kHeadDim>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             "stage 05 backward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   // Grid x: Tc <= ceil((2^31 - 1) / 32) K/V blocks, inside x's 2^31 - 1.
   const std::int64_t Tc = (prm.Nk - 1) / Layout<kHeadDim>::kBc + 1;
   const dim3 grid(static_cast<unsigned>(Tc),
                   static_cast<unsigned>(std::min(prm.heads, bwd::kMaxGridY)));
-  backward_kernel<kHeadDim><<<grid, kThreads, bytes, stream>>>(prm);
-  check_launch("stage 05 backward_kernel");
+  launch_with_smem(backward_kernel<kHeadDim>, grid, kThreads, Layout<kHeadDim>::kSmemBytes,
+                   stream, "stage 05 backward_kernel", prm);
 }
 
 bool aligned16(const void* ptr) {
@@ -477,7 +472,7 @@ void backward(const Problem& p, const BackwardTensors& t, Stream stream) {
   prm.causal = p.causal;
   prm.vec = p.d % kVec == 0 && aligned16(t.Q) && aligned16(t.K) && aligned16(t.V) &&
             aligned16(t.dO) && aligned16(t.dK) && aligned16(t.dV);
-  switch (bwd::head_dim_bucket(p.d)) {
+  switch (head_dim_bucket(p.d)) {
     case 64: launch<64>(prm, stream); break;
     case 128: launch<128>(prm, stream); break;
     default: launch<256>(prm, stream); break;

@@ -29,7 +29,7 @@ std::int64_t backward_workspace_bytes(const Problem& p) { return p.lse_elems() *
 
 Cost backward_model(const Problem& p) {
   const std::int64_t d = p.d;
-  const std::int64_t Bc = bwd::block_keys(bwd::head_dim_bucket(d));
+  const std::int64_t Bc = bwd::block_keys(head_dim_bucket(d));
   const std::int64_t Tc = (p.Nk + Bc - 1) / Bc;
   Cost head;
   for (std::int64_t j = 0; j < Tc; ++j) {

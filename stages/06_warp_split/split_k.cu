@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common/cuda_check.h"
+#include "common/launch.cuh"
 #include "split_k.cuh"
 #include "warp_split.h"
 
@@ -44,16 +45,11 @@ __global__ void __launch_bounds__(SplitK<kHeadDim>::kThreads)
 template <int kHeadDim>
 void launch(const Params& prm, Stream stream) {
   using T = SplitK<kHeadDim>;
-  constexpr std::size_t bytes = T::kSmemBytes;
-  cuda_check(cudaFuncSetAttribute(split_k_kernel<kHeadDim>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             "stage 06 split-K: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   const std::int64_t Tr = (prm.Nq - 1) / T::kBr + 1;
   const dim3 grid(static_cast<unsigned>(Tr),
                   static_cast<unsigned>(std::min(prm.heads, kMaxGridY)));
-  split_k_kernel<kHeadDim><<<grid, T::kThreads, bytes, stream>>>(prm);
-  check_launch("stage 06 split_k_kernel");
+  launch_with_smem(split_k_kernel<kHeadDim>, grid, T::kThreads, T::kSmemBytes, stream,
+                   "stage 06 split_k_kernel", prm);
 }
 
 }  // namespace

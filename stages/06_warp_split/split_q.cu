@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "common/cuda_check.h"
+#include "common/launch.cuh"
 #include "split_q.cuh"
 #include "warp_split.h"
 
@@ -45,17 +46,11 @@ __global__ void __launch_bounds__(SplitQ<kHeadDim>::kThreads,
 template <int kHeadDim>
 void launch(const Params& prm, Stream stream) {
   using T = SplitQ<kHeadDim>;
-  constexpr std::size_t bytes = T::kSmemBytes;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in.
-  cuda_check(cudaFuncSetAttribute(split_q_kernel<kHeadDim>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             "stage 06 split-Q: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   const std::int64_t Tr = (prm.Nq - 1) / T::kBr + 1;
   const dim3 grid(static_cast<unsigned>(Tr),
                   static_cast<unsigned>(std::min(prm.heads, kMaxGridY)));
-  split_q_kernel<kHeadDim><<<grid, T::kThreads, bytes, stream>>>(prm);
-  check_launch("stage 06 split_q_kernel");
+  launch_with_smem(split_q_kernel<kHeadDim>, grid, T::kThreads, T::kSmemBytes, stream,
+                   "stage 06 split_q_kernel", prm);
 }
 
 }  // namespace

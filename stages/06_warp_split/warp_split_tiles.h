@@ -12,9 +12,6 @@
 
 namespace flashstep::warp_split {
 
-/// The head-dimension bucket that d (1..256) is zero-padded up to.
-constexpr int head_dim_bucket(std::int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
-
 /// Split-Q: warps per thread block. 8 warps (256 threads) give each SM
 /// scheduler two warps to switch between while one waits on shared memory,
 /// with one thread block per SM (the register use of every bucket, below).

@@ -13,6 +13,11 @@ namespace flashstep {
 /// Largest head dimension any stage must support (the contract: 1 <= d <= 256).
 inline constexpr std::int64_t kMaxHeadDim = 256;
 
+/// The head-dimension bucket d (1..256) is zero-padded up to inside the tiled
+/// kernels (stages 03-06 and the backward): one compiled instance per bucket,
+/// so a d between buckets pays for the next bucket's tiles.
+constexpr int head_dim_bucket(std::int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
 /// Bytes in one element: stages 01-06 are fp32 throughout.
 inline constexpr std::int64_t kElemBytes = 4;
 
