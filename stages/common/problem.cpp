@@ -16,6 +16,22 @@ constexpr std::int64_t kMaxDim = 2147483647;
 constexpr double kMaxElems = 4.611686018427388e18 / 8.0;
 }  // namespace
 
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kFp32: return "fp32";
+    case DType::kFp16: return "fp16";
+    case DType::kBf16: return "bf16";
+  }
+  return "unknown";  // not reached: every enumerator is named above
+}
+
+DType parse_dtype(std::string_view name) {
+  for (DType t : {DType::kFp32, DType::kFp16, DType::kBf16}) {
+    if (name == dtype_name(t)) return t;
+  }
+  throw Error("unknown element type '" + std::string(name) + "' (known: fp32, fp16, bf16)");
+}
+
 double Problem::softmax_scale() const {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
 }
@@ -37,6 +53,7 @@ std::string Problem::describe() const {
   s << "B=" << B << " H=" << H << " Nq=" << Nq << " Nk=" << Nk << " d=" << d
     << (causal ? " causal" : " non-causal");
   if (scale) s << " scale=" << *scale;
+  if (dtype != DType::kFp32) s << " " << dtype_name(dtype);
   return s.str();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace flashstep {
 
@@ -18,11 +19,27 @@ inline constexpr std::int64_t kMaxHeadDim = 256;
 /// so a d between buckets pays for the next bucket's tiles.
 constexpr int head_dim_bucket(std::int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
+/// The element type of Q, K, V and O (and of dO, dQ, dK, dV): what a stage
+/// reads and writes in HBM. L, the softmax statistics and every accumulator
+/// stay fp32 in every type, as in FlashAttention.
+enum class DType { kFp32, kFp16, kBf16 };
+
+/// "fp32", "fp16" or "bf16".
+std::string_view dtype_name(DType t);
+
+/// The type a name gives: "fp32", "fp16" or "bf16". Throws flashstep::Error
+/// naming the three for anything else.
+DType parse_dtype(std::string_view name);
+
+/// Bytes of one element: 4 for fp32, 2 for fp16 and bf16.
+constexpr std::int64_t dtype_bytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
+
 /// Bytes in one element: stages 01-06 are fp32 throughout.
 inline constexpr std::int64_t kElemBytes = 4;
 
 /// One attention forward problem. Tensors are row-major and contiguous:
-/// Q [B, H, Nq, d], K and V [B, H, Nk, d], O [B, H, Nq, d], L [B, H, Nq].
+/// Q [B, H, Nq, d], K and V [B, H, Nk, d], O [B, H, Nq, d] in `dtype`;
+/// L [B, H, Nq] in fp32.
 struct Problem {
   std::int64_t B = 1;   ///< batch
   std::int64_t H = 1;   ///< heads
@@ -31,10 +48,12 @@ struct Problem {
   std::int64_t d = 64;  ///< head dimension
   bool causal = false;  ///< bottom-right aligned causal mask
   std::optional<double> scale;  ///< softmax scale; 1/sqrt(d) when unset
+  DType dtype = DType::kFp32;   ///< element type of Q, K, V and O
 
   /// The scale applied to Q K^T: the one given, or 1/sqrt(d).
   double softmax_scale() const;
 
+  std::int64_t elem_bytes() const { return dtype_bytes(dtype); }  ///< bytes of one Q, K, V, O element
   std::int64_t heads() const { return B * H; }             ///< B * H
   std::int64_t q_elems() const { return B * H * Nq * d; }  ///< elements of Q and of O
   std::int64_t kv_elems() const { return B * H * Nk * d; } ///< elements of K and of V
@@ -50,7 +69,8 @@ struct Problem {
   /// 4 * B * H * Nq * Nk * d, halved when causal.
   double forward_flops() const;
 
-  /// Short human form, e.g. "B=1 H=8 Nq=1024 Nk=1024 d=64 causal".
+  /// Short human form, e.g. "B=1 H=8 Nq=1024 Nk=1024 d=64 causal"; the
+  /// element type is named when it is not fp32 ("... causal bf16").
   std::string describe() const;
 };
 
