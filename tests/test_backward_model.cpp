@@ -14,7 +14,7 @@
 
 using flashstep::Cost;
 using flashstep::Gemm;
-using flashstep::kElemBytes;
+using flashstep::kFloatBytes;
 using flashstep::Problem;
 using flashstep::Stage;
 using flashstep::test::make_problem;
@@ -41,12 +41,12 @@ Cost count_tiled_gemm(std::int64_t heads, std::int64_t M, std::int64_t N, std::i
     for (std::int64_t n0 = 0; n0 < N; n0 += kTile) {
       const std::int64_t rows = std::min(kTile, M - m0), cols = std::min(kTile, N - n0);
       const std::int64_t loaded = heads * (rows + cols) * K;
-      c.hbm_read_bytes += loaded * kElemBytes;
-      c.sram_write_bytes += loaded * kElemBytes;
-      c.hbm_write_bytes += heads * rows * cols * kElemBytes;
+      c.hbm_read_bytes += loaded * kFloatBytes;
+      c.sram_write_bytes += loaded * kFloatBytes;
+      c.hbm_write_bytes += heads * rows * cols * kFloatBytes;
       // Each output element: K multiply-adds, each reading one element of
       // either tile buffer.
-      c.sram_read_bytes += heads * rows * cols * 2 * K * kElemBytes;
+      c.sram_read_bytes += heads * rows * cols * 2 * K * kFloatBytes;
       c.matmul_flops += heads * rows * cols * 2 * K;
       if (scaled) c.nonmatmul_flops += heads * rows * cols;
       c.thread_blocks += heads;
@@ -60,8 +60,8 @@ Cost count_tiled_gemm(std::int64_t heads, std::int64_t M, std::int64_t N, std::i
 Cost count_ds_kernel(const Problem& p) {
   const std::int64_t rows = p.heads() * p.Nq;
   Cost c;
-  c.hbm_read_bytes = rows * (2 * p.Nk + 1) * kElemBytes;
-  c.hbm_write_bytes = rows * p.Nk * kElemBytes;
+  c.hbm_read_bytes = rows * (2 * p.Nk + 1) * kFloatBytes;
+  c.hbm_write_bytes = rows * p.Nk * kFloatBytes;
   c.nonmatmul_flops = rows * p.Nk * 2;
   c.thread_blocks = rows;
   return c;
@@ -169,8 +169,8 @@ TEST_CASE("stage 02's backward moves Theta(N^2) bytes and holds P and dS, each B
   // The README's example: FlashAttention-2's N = 16384, d = 64, B = 1, H = 32.
   // P (the forward's workspace, saved) and dP/dS (the backward's, beside D).
   const Problem p = make_problem(1, 32, 16384, 16384, 64, false);
-  const std::int64_t n_by_n = p.score_elems() * kElemBytes;
+  const std::int64_t n_by_n = p.score_elems() * kFloatBytes;
   CHECK(stage_02().workspace_bytes(p) == n_by_n);
-  CHECK(stage_02().backward_workspace_bytes(p) == n_by_n + p.lse_elems() * kElemBytes);
+  CHECK(stage_02().backward_workspace_bytes(p) == n_by_n + p.lse_elems() * kFloatBytes);
   CHECK(2 * n_by_n == 68719476736);  // 68.7 GB
 }

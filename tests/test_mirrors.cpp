@@ -57,9 +57,9 @@ TEST_CASE("CPU mirrors match the fp64 reference and count exactly what their mod
 TEST_CASE("stages 01 and 02 write S and P, each B*H*Nq*Nk floats, to HBM") {
   for (bool causal : {false, true}) {
     const Problem p = make_problem(2, 3, 100, 100, 40, causal);
-    const std::int64_t S = p.score_elems() * flashstep::kElemBytes;
-    const std::int64_t O = p.q_elems() * flashstep::kElemBytes;
-    const std::int64_t L = p.lse_elems() * flashstep::kElemBytes;
+    const std::int64_t S = p.score_elems() * flashstep::kFloatBytes;
+    const std::int64_t O = p.q_elems() * flashstep::kFloatBytes;
+    const std::int64_t L = p.lse_elems() * flashstep::kFloatBytes;
     CHECK(stage_named("01_naive").model(p).hbm_write_bytes == 2 * S + O);
     CHECK(stage_named("02_safe_softmax").model(p).hbm_write_bytes == 2 * S + O + L);
     // 02 pays one more read of S than 01 for the row max.
@@ -108,7 +108,7 @@ TEST_CASE("stage 06: split-Q and split-K move FA2's HBM bytes; split-K pays in S
     const Cost cq = q.model(p);
     const Cost ck = k.model(p);
     // O and L written once, whatever the tiles.
-    CHECK(cq.hbm_write_bytes == p.heads() * p.Nq * (p.d + 1) * flashstep::kElemBytes);
+    CHECK(cq.hbm_write_bytes == p.heads() * p.Nq * (p.d + 1) * flashstep::kFloatBytes);
     CHECK(ck.hbm_write_bytes == cq.hbm_write_bytes);
     CHECK(ck.sram_bytes() > cq.sram_bytes());
     CHECK(ck.barriers > cq.barriers);
@@ -119,6 +119,6 @@ TEST_CASE("stage 06: split-Q and split-K move FA2's HBM bytes; split-K pays in S
   const Problem p = make_problem(1, 1, 256, 256, 64, false);
   const Cost cq = q.model(p);
   CHECK(cq.thread_blocks == 2);
-  CHECK(cq.hbm_read_bytes == 2 * (128 + 2 * 256) * 64 * flashstep::kElemBytes);
+  CHECK(cq.hbm_read_bytes == 2 * (128 + 2 * 256) * 64 * flashstep::kFloatBytes);
   CHECK(cq.barriers == 2 * 2 * (256 / 64));
 }

@@ -4,14 +4,15 @@
 
 namespace flashstep::naive {
 
-std::int64_t workspace_bytes(const Problem& p) { return p.score_elems() * kElemBytes; }
+// Stage 01 runs in fp32 only: S, and P over it, are fp32.
+std::int64_t workspace_bytes(const Problem& p) { return p.score_elems() * kFloatBytes; }
 
 Cost model(const Problem& p) {
   Cost softmax;
   const std::int64_t scores = p.score_elems();
   // Pass 1 reads S for the sum, pass 2 reads it again and writes P over it.
-  softmax.hbm_read_bytes = 2 * scores * kElemBytes;
-  softmax.hbm_write_bytes = scores * kElemBytes;
+  softmax.hbm_read_bytes = 2 * scores * kFloatBytes;
+  softmax.hbm_write_bytes = scores * kFloatBytes;
   // Per element: exp and add (pass 1), exp and multiply by 1/l (pass 2);
   // per row: the reciprocal.
   softmax.nonmatmul_flops = 4 * scores + p.heads() * p.Nq;

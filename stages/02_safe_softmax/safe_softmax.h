@@ -16,11 +16,22 @@ namespace flashstep::safe_softmax {
 inline constexpr int kSoftmaxThreads = 256;
 
 /// Runs kernel 1 (S = scale Q K^T), kernel 2 (m = rowmax(S),
-/// P = exp(S - m) / rowsum(exp(S - m)) in place over S, L = m + log(l)) and
-/// kernel 3 (O = P V).
+/// P = exp(S - m) / rowsum(exp(S - m)), L = m + log(l)) and kernel 3 (O = P V),
+/// in fp32, fp16 or bf16 (p.dtype): S is fp32 in every type, P is in p.dtype.
 void forward(const Problem& p, const ForwardTensors& t, Stream stream);
 
-/// S (then P, in place): B * H * Nq * Nk floats.
+/// Arrays inside a workspace start at multiples of this many bytes, as the
+/// workspace itself does (cudaMalloc's alignment).
+inline constexpr std::int64_t kArrayAlignBytes = 256;
+
+/// Byte offset of P [B, H, Nq, Nk] (p.dtype) in the forward's workspace: 0 in
+/// fp32, where P overwrites S in place; after S, rounded up to
+/// kArrayAlignBytes, in fp16 and bf16, where P has an array of its own (a
+/// 16-bit row written over an fp32 one would overwrite scores other threads
+/// have yet to read).
+std::int64_t probabilities_offset(const Problem& p);
+
+/// S [B, H, Nq, Nk] in fp32 and P in p.dtype (over S in fp32, after it otherwise).
 std::int64_t workspace_bytes(const Problem& p);
 
 /// Traffic and FLOPs: kernel 1 + softmax (S read three times, P and L
@@ -36,11 +47,7 @@ inline constexpr int kDsThreads = 256;
 /// counts in strides.
 inline constexpr std::int64_t kDsMaxBlocks = 2147483647;
 
-/// The backward workspace's arrays start at multiples of this many bytes, as
-/// the workspace itself does (cudaMalloc's alignment).
-inline constexpr std::int64_t kBackwardAlignBytes = 256;
-
-/// Standard attention's backward, as autograd runs it, with P read from the
+/// Standard attention's backward, in fp32, as autograd runs it, with P read from the
 /// forward's workspace (BackwardTensors::saved), never recomputed; only D is
 /// FlashAttention's rowsum(dO o O), where autograd sums dP o P over Nk:
 ///   D  = rowsum(dO o O)                      launch_row_dot
@@ -62,7 +69,7 @@ struct BackwardGemms {
 BackwardGemms backward_gemms(const Problem& p);
 
 /// Byte offset of D [B, H, Nq] in the backward workspace: after dP/dS, rounded
-/// up to kBackwardAlignBytes.
+/// up to kArrayAlignBytes.
 std::int64_t backward_D_offset(const Problem& p);
 
 /// dP (then dS, in place) [B, H, Nq, Nk] and D [B, H, Nq].

@@ -51,16 +51,22 @@ void backward(const Problem& p, const BackwardTensors& t, Stream stream) {
   }
   float* D = reinterpret_cast<float*>(static_cast<char*>(t.workspace) +
                                       backward_D_offset(p));  // [B, H, Nq]
+  // fp32 only (backward_dtypes): every tensor is float.
+  const auto* Q = static_cast<const float*>(t.Q);    // [B, H, Nq, d]
+  const auto* K = static_cast<const float*>(t.K);    // [B, H, Nk, d]
+  const auto* V = static_cast<const float*>(t.V);    // [B, H, Nk, d]
+  const auto* O = static_cast<const float*>(t.O);    // [B, H, Nq, d]
+  const auto* dO = static_cast<const float*>(t.dO);  // [B, H, Nq, d]
   const BackwardGemms g = backward_gemms(p);
-  launch_row_dot(p, t.dO, t.O, D, stream);
-  launch_gemm(g.dV, P, t.dO, t.dV, stream);
-  launch_gemm(g.dP, t.dO, t.V, dS, stream);
+  launch_row_dot(p, dO, O, D, stream);
+  launch_gemm(g.dV, P, dO, static_cast<float*>(t.dV), stream);
+  launch_gemm(g.dP, dO, V, dS, stream);
   const std::int64_t rows = p.heads() * p.Nq;
   ds_kernel<<<static_cast<unsigned>(std::min(rows, kDsMaxBlocks)), kDsThreads, 0, stream>>>(
       P, dS, D, rows, static_cast<int>(p.Nk));
   check_launch("stage 02 backward ds_kernel");
-  launch_gemm(g.dQ, dS, t.K, t.dQ, stream);
-  launch_gemm(g.dK, dS, t.Q, t.dK, stream);
+  launch_gemm(g.dQ, dS, K, static_cast<float*>(t.dQ), stream);
+  launch_gemm(g.dK, dS, Q, static_cast<float*>(t.dK), stream);
 }
 
 }  // namespace flashstep::safe_softmax

@@ -8,16 +8,29 @@
 
 namespace flashstep::safe_softmax {
 
-std::int64_t workspace_bytes(const Problem& p) { return p.score_elems() * kElemBytes; }
+namespace {
+std::int64_t round_up(std::int64_t bytes, std::int64_t align) {
+  return (bytes + align - 1) / align * align;
+}
+}  // namespace
+
+std::int64_t probabilities_offset(const Problem& p) {
+  if (p.dtype == DType::kFp32) return 0;
+  return round_up(p.score_elems() * kFloatBytes, kArrayAlignBytes);
+}
+
+std::int64_t workspace_bytes(const Problem& p) {
+  return probabilities_offset(p) + p.score_elems() * p.elem_bytes();
+}
 
 Cost model(const Problem& p) {
   Cost softmax;
   const std::int64_t scores = p.score_elems();
   const std::int64_t rows = p.heads() * p.Nq;
-  // Pass 1 reads S for the max, pass 2 for the sum, pass 3 reads it again and
-  // writes P over it; one L per row.
-  softmax.hbm_read_bytes = 3 * scores * kElemBytes;
-  softmax.hbm_write_bytes = (scores + rows) * kElemBytes;
+  // Pass 1 reads S (fp32) for the max, pass 2 for the sum, pass 3 reads it
+  // again and writes P (p.dtype); one L per row.
+  softmax.hbm_read_bytes = 3 * scores * kFloatBytes;
+  softmax.hbm_write_bytes = scores * p.elem_bytes() + rows * kFloatBytes;
   // Per element: max (pass 1); subtract, exp, add (pass 2); subtract, exp,
   // multiply by 1/l (pass 3). Per row: the reciprocal, log and add of L.
   softmax.nonmatmul_flops = 7 * scores + 3 * rows;
@@ -60,13 +73,13 @@ BackwardGemms backward_gemms(const Problem& p) {
   return g;
 }
 
+// The backward runs in fp32 only (backward_dtypes): its arrays are fp32.
 std::int64_t backward_D_offset(const Problem& p) {
-  const std::int64_t dS_bytes = p.score_elems() * kElemBytes;
-  return (dS_bytes + kBackwardAlignBytes - 1) / kBackwardAlignBytes * kBackwardAlignBytes;
+  return round_up(p.score_elems() * kFloatBytes, kArrayAlignBytes);
 }
 
 std::int64_t backward_workspace_bytes(const Problem& p) {
-  return backward_D_offset(p) + p.lse_elems() * kElemBytes;
+  return backward_D_offset(p) + p.lse_elems() * kFloatBytes;
 }
 
 Cost backward_model(const Problem& p) {
@@ -74,8 +87,8 @@ Cost backward_model(const Problem& p) {
   const std::int64_t rows = p.heads() * p.Nq;
   Cost ds;
   // P and dP read once, D once per row; dS written once over dP.
-  ds.hbm_read_bytes = (2 * scores + rows) * kElemBytes;
-  ds.hbm_write_bytes = scores * kElemBytes;
+  ds.hbm_read_bytes = (2 * scores + rows) * kFloatBytes;
+  ds.hbm_write_bytes = scores * kFloatBytes;
   ds.nonmatmul_flops = 2 * scores;  // subtract D_r, multiply by P
   ds.thread_blocks = std::min(rows, kDsMaxBlocks);
   const BackwardGemms g = backward_gemms(p);
@@ -104,6 +117,8 @@ std::vector<Stage> stages_02_safe_softmax() {
   s.backward = safe_softmax::backward;
   s.backward_workspace_bytes = safe_softmax::backward_workspace_bytes;
   s.backward_model = safe_softmax::backward_model;
+  s.dtypes = {DType::kFp32, DType::kFp16, DType::kBf16};
+  s.backward_dtypes = {DType::kFp32};
   return {s};
 }
 

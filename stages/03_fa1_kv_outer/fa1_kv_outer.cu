@@ -18,12 +18,21 @@
 // (i, j) tile is computed and masked, even where the causal mask hides all of it
 // (stage 04 skips those).
 //
+// Element types: Q, K, V and O are fp32, fp16 or bf16 (the Elem template
+// parameter); tiles in shared memory and every sum are fp32. The running O_i
+// makes its round trip through HBM in fp32 in every type, as l and m do: in O
+// itself in fp32, and in fp16/bf16 in an fp32 array of the workspace (O_acc),
+// with the last K/V block writing O in the element type. Rounding O_i to 16
+// bits on each of the Tc round trips would add Tc roundings to the one the
+// output needs; FlashAttention-1's own code keeps such an fp32 o_tmp too.
+//
 // Run: ./build/stages/cli/flashstep --stage 03 --B 8 --H 32 --N 2048 --d 64 [--causal]
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "common/cuda_check.h"
+#include "common/element.cuh"
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
 #include "fa1_kv_outer.h"
@@ -51,7 +60,7 @@ constexpr int kGridRows = kThreads / kGridCols;
 static_assert(2 * kGridCols == kWarpSize, "a tile row's threads must be exactly one half-warp");
 constexpr int kHalfWarpOffset = kGridCols / 2;  // first shuffle distance of a half-warp reduction
 
-// Floats per float4.
+// Elements per vector access: a float4 in fp32, 8 bytes in fp16/bf16.
 constexpr int kVec = 4;
 // Padding of the Qi, Kj, Vj rows: a row stride = 4 (mod 32) words puts the
 // 16-byte reads of 8 consecutive rows Kj[tx + 16b][k..k+3] on 32 distinct banks.
@@ -87,24 +96,29 @@ struct Tiles {
 
 __device__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 
-// row[col .. col+3], with the elements at or beyond d read as 0. One 16-byte
-// load when rows are 16-byte aligned (d % 4 == 0), else four guarded ones.
-__device__ float4 load4(const float* row, int col, int d, bool vec4) {
-  if (vec4) return col < d ? *reinterpret_cast<const float4*>(row + col) : zero4();
-  return make_float4(col < d ? row[col] : 0.0f, col + 1 < d ? row[col + 1] : 0.0f,
-                     col + 2 < d ? row[col + 2] : 0.0f, col + 3 < d ? row[col + 3] : 0.0f);
+// row[col .. col+3] widened to fp32, with the elements at or beyond d read as
+// 0. One vector load when rows are 16-byte aligned (float4_ok), else four
+// guarded ones.
+template <typename Elem>
+__device__ float4 load4(const Elem* row, int col, int d, bool vec4) {
+  if (vec4) return col < d ? load_vec4(row + col) : zero4();
+  return make_float4(col < d ? to_float(row[col]) : 0.0f,
+                     col + 1 < d ? to_float(row[col + 1]) : 0.0f,
+                     col + 2 < d ? to_float(row[col + 2]) : 0.0f,
+                     col + 3 < d ? to_float(row[col + 3]) : 0.0f);
 }
 
-// row[col .. col+3] = v, the elements at or beyond d left alone.
-__device__ void store4(float* row, int col, int d, bool vec4, float4 v) {
+// row[col .. col+3] = v rounded to Elem, the elements at or beyond d left alone.
+template <typename Elem>
+__device__ void store4(Elem* row, int col, int d, bool vec4, float4 v) {
   if (vec4) {
-    if (col < d) *reinterpret_cast<float4*>(row + col) = v;
+    if (col < d) store_vec4(row + col, v);
     return;
   }
-  if (col < d) row[col] = v.x;
-  if (col + 1 < d) row[col + 1] = v.y;
-  if (col + 2 < d) row[col + 2] = v.z;
-  if (col + 3 < d) row[col + 3] = v.w;
+  if (col < d) row[col] = from_float<Elem>(v.x);
+  if (col + 1 < d) row[col + 1] = from_float<Elem>(v.y);
+  if (col + 2 < d) row[col + 2] = from_float<Elem>(v.z);
+  if (col + 3 < d) row[col + 3] = from_float<Elem>(v.w);
 }
 
 __device__ float component(float4 v, int k) {
@@ -132,12 +146,13 @@ __device__ float row_reduce(float v, Op op) {
   return v;
 }
 
-// tile [kTileRows][kStride] <- src [rows, d], rows and columns beyond the
-// source zero-filled. Consecutive threads take consecutive float4s of the
-// (contiguous) source rows, so each warp reads whole 128-byte segments.
-template <int D, int kTileRows>
-__device__ void load_tile(float* tile,       // [kTileRows][kStride], shared
-                          const float* src,  // [rows, d], global
+// tile [kTileRows][kStride] <- src [rows, d] widened to fp32, rows and
+// columns beyond the source zero-filled. Consecutive threads take consecutive
+// 4-element vectors of the (contiguous) source rows, so each warp reads whole
+// segments.
+template <int D, int kTileRows, typename Elem>
+__device__ void load_tile(float* tile,      // [kTileRows][kStride], shared
+                          const Elem* src,  // [rows, d], global
                           int rows, int d, bool vec4) {
   constexpr int kVecsPerRow = D / kVec;
   for (int e = threadIdx.x; e < kTileRows * kVecsPerRow; e += kThreads) {
@@ -212,15 +227,17 @@ __device__ void pv_product(const float* P_ij,  // [Br][kScoreStride], shared
 }
 
 // One thread block per (batch, head): Algorithm 1 of the FlashAttention paper.
-template <int D>
+// In fp32, O_acc is O itself, so neither of the two is __restrict__.
+template <int D, typename Elem>
 __global__ void __launch_bounds__(kThreads)
-    fa1_kv_outer_kernel(const float* __restrict__ Q,  // [BH, Nq, d]
-                        const float* __restrict__ K,  // [BH, Nk, d]
-                        const float* __restrict__ V,  // [BH, Nk, d]
-                        float* __restrict__ O,        // [BH, Nq, d]
-                        float* __restrict__ L,        // [BH, Nq]
-                        float* __restrict__ l,        // [BH, Nq] running row sums (workspace)
-                        float* __restrict__ m,        // [BH, Nq] running row maxima (workspace)
+    fa1_kv_outer_kernel(const Elem* __restrict__ Q,  // [BH, Nq, d]
+                        const Elem* __restrict__ K,  // [BH, Nk, d]
+                        const Elem* __restrict__ V,  // [BH, Nk, d]
+                        Elem* O,                     // [BH, Nq, d], written by the last K/V block
+                        float* O_acc,                // [BH, Nq, d], the running O_i (see above)
+                        float* __restrict__ L,       // [BH, Nq]
+                        float* __restrict__ l,       // [BH, Nq] running row sums (workspace)
+                        float* __restrict__ m,       // [BH, Nq] running row maxima (workspace)
                         std::int64_t BH, int Nq, int Nk, int d, float scale, bool causal,
                         bool vec4) {
   using T = Tiles<D>;
@@ -240,16 +257,17 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t causal_shift = static_cast<std::int64_t>(Nk) - Nq;
 
   for (std::int64_t bh = blockIdx.x; bh < BH; bh += gridDim.x) {
-    const float* Qh = Q + bh * Nq * d;  // [Nq, d]
-    const float* Kh = K + bh * Nk * d;  // [Nk, d]
-    const float* Vh = V + bh * Nk * d;  // [Nk, d]
-    float* Oh = O + bh * Nq * d;        // [Nq, d]
-    float* Lh = L + bh * Nq;            // [Nq]
-    float* lh = l + bh * Nq;            // [Nq]
-    float* mh = m + bh * Nq;            // [Nq]
+    const Elem* Qh = Q + bh * Nq * d;      // [Nq, d]
+    const Elem* Kh = K + bh * Nk * d;      // [Nk, d]
+    const Elem* Vh = V + bh * Nk * d;      // [Nk, d]
+    Elem* Oh = O + bh * Nq * d;            // [Nq, d]
+    float* O_acc_h = O_acc + bh * Nq * d;  // [Nq, d]
+    float* Lh = L + bh * Nq;               // [Nq]
+    float* lh = l + bh * Nq;               // [Nq]
+    float* mh = m + bh * Nq;               // [Nq]
 
-    // Line 2: O = 0, l = 0, m = -inf in HBM. Each thread initialises the
-    // elements of O it will own in every step, so it reads back its own writes.
+    // Line 2: O = 0 (in O_acc), l = 0, m = -inf in HBM. Each thread initialises
+    // the elements of O it will own in every step, so it reads back its own writes.
     for (int i = 0; i < Tr; ++i) {
 #pragma unroll
       for (int a = 0; a < T::kRows; ++a) {
@@ -257,7 +275,7 @@ __global__ void __launch_bounds__(kThreads)
         if (q >= Nq) continue;
 #pragma unroll
         for (int b = 0; b < T::kOutVecs; ++b) {
-          store4(Oh + q * d, kVec * (tx + kGridCols * b), d, vec4, zero4());
+          store4(O_acc_h + q * d, kVec * (tx + kGridCols * b), d, vec4, zero4());
         }
         if (tx == 0) {
           lh[q] = 0.0f;
@@ -286,7 +304,7 @@ __global__ void __launch_bounds__(kThreads)
         load_tile<D, T::Br>(Qi, Qh + static_cast<std::int64_t>(i0) * d, rows, d, vec4);
         __syncthreads();  // Qi (and on i = 0, Kj and Vj) fully written
 
-        // Line 8: O_i, l_i, m_i to registers. Loaded after the barrier and used
+        // Line 8: O_i (from O_acc), l_i, m_i to registers. Loaded after the barrier and used
         // only after the score tile, so their latency hides behind Qi Kj^T.
         float4 O_i[T::kRows][T::kOutVecs];
         float l_i[T::kRows];
@@ -298,7 +316,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int b = 0; b < T::kOutVecs; ++b) {
             const int col = kVec * (tx + kGridCols * b);
-            O_i[a][b] = r < rows ? load4(Oh + q * d, col, d, vec4) : zero4();
+            O_i[a][b] = r < rows ? load4(O_acc_h + q * d, col, d, vec4) : zero4();
           }
           l_i[a] = r < rows ? lh[q] : 0.0f;
           m_i[a] = r < rows ? mh[q] : -INFINITY;
@@ -377,9 +395,9 @@ __global__ void __launch_bounds__(kThreads)
         // Line 12: O_i += P_ij Vj.
         pv_product<D>(P_ij, Vj, tx, ty, O_i);
 
-        // Lines 12-13: write O_i, l_i <- l_new, m_i <- m_new to HBM. After the
-        // last K/V block, also L_i = m_i + log(l_i) (-inf + -inf = -inf for a
-        // row that saw no key: no guard needed).
+        // Lines 12-13: write O_i, l_i <- l_new, m_i <- m_new to HBM: O_i to
+        // O_acc, and after the last K/V block to O, with L_i = m_i + log(l_i)
+        // (-inf + -inf = -inf for a row that saw no key: no guard needed).
 #pragma unroll
         for (int a = 0; a < T::kRows; ++a) {
           const int r = ty + kGridRows * a;
@@ -387,7 +405,9 @@ __global__ void __launch_bounds__(kThreads)
           const std::int64_t q = static_cast<std::int64_t>(i0) + r;
 #pragma unroll
           for (int b = 0; b < T::kOutVecs; ++b) {
-            store4(Oh + q * d, kVec * (tx + kGridCols * b), d, vec4, O_i[a][b]);
+            const int col = kVec * (tx + kGridCols * b);
+            if (j == Tc - 1) store4(Oh + q * d, col, d, vec4, O_i[a][b]);
+            else store4(O_acc_h + q * d, col, d, vec4, O_i[a][b]);
           }
           if (tx == 0) {
             lh[q] = l_i[a];
@@ -400,13 +420,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D>
-void launch(const Problem& p, const ForwardTensors& t, float* l, float* m, bool vec4,
-            Stream stream) {
+template <int D, typename Elem>
+void launch(const Problem& p, const ForwardTensors& t, float* O_acc, float* l, float* m,
+            bool vec4, Stream stream) {
   const auto grid = static_cast<unsigned>(launched_blocks(p));
-  launch_with_smem(fa1_kv_outer_kernel<D>, grid, kThreads, Tiles<D>::kSharedBytes, stream,
-                   "stage 03 fa1_kv_outer_kernel", t.Q, t.K, t.V, t.O, t.L, l, m, p.heads(),
-                   static_cast<int>(p.Nq), static_cast<int>(p.Nk), static_cast<int>(p.d),
+  launch_with_smem(fa1_kv_outer_kernel<D, Elem>, grid, kThreads, Tiles<D>::kSharedBytes, stream,
+                   "stage 03 fa1_kv_outer_kernel", static_cast<const Elem*>(t.Q),
+                   static_cast<const Elem*>(t.K), static_cast<const Elem*>(t.V),
+                   static_cast<Elem*>(t.O), O_acc, t.L, l, m, p.heads(), static_cast<int>(p.Nq),
+                   static_cast<int>(p.Nk), static_cast<int>(p.d),
                    static_cast<float>(p.softmax_scale()), p.causal, vec4);
 }
 
@@ -417,14 +439,22 @@ void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   if (!t.Q || !t.K || !t.V || !t.O || !t.L || !t.workspace) {
     throw Error("stage 03: null tensor pointer");
   }
-  float* l = static_cast<float*>(t.workspace);  // [B, H, Nq]
-  float* m = l + p.lse_elems();                 // [B, H, Nq]
+  // The running O_i [B, H, Nq, d]: O itself in fp32, the workspace's start in 16 bits.
+  float* O_acc = p.dtype == DType::kFp32 ? static_cast<float*>(t.O)
+                                         : static_cast<float*>(t.workspace);
+  char* stats = static_cast<char*>(t.workspace) + stats_offset(p);
+  float* l = reinterpret_cast<float*>(stats);  // [B, H, Nq]
+  float* m = l + p.lse_elems();                // [B, H, Nq]
+  // O_acc's rows are 16-byte aligned whenever O's are: d % 8 == 0 in 16 bits.
   const bool vec4 = float4_ok(p, t);
-  switch (head_dim_bucket(p.d)) {  // one instance per value head_dim_bucket returns (common/problem.h)
-    case 64: launch<64>(p, t, l, m, vec4, stream); break;
-    case 128: launch<128>(p, t, l, m, vec4, stream); break;
-    default: launch<256>(p, t, l, m, vec4, stream); break;
-  }
+  with_element_type(p.dtype, [&](auto elem) {
+    using Elem = decltype(elem);
+    switch (head_dim_bucket(p.d)) {  // one instance per head_dim_bucket value (common/problem.h)
+      case 64: launch<64, Elem>(p, t, O_acc, l, m, vec4, stream); break;
+      case 128: launch<128, Elem>(p, t, O_acc, l, m, vec4, stream); break;
+      default: launch<256, Elem>(p, t, O_acc, l, m, vec4, stream); break;
+    }
+  });
 }
 
 }  // namespace flashstep::fa1_kv_outer

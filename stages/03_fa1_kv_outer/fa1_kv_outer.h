@@ -45,11 +45,19 @@ inline std::int64_t launched_blocks(const Problem& p) {
 
 /// Algorithm 1 on the GPU: initialises O = 0, l = 0, m = -inf, then for every
 /// K/V block j and every Q block i updates O_i, l_i, m_i in HBM; after the last
-/// j it writes L = m + log(l). Needs t.L and workspace_bytes(p) of workspace.
+/// j it writes L = m + log(l). Runs in fp32, fp16 or bf16 (p.dtype); O_i, l
+/// and m travel in fp32 in every type. Needs t.L and workspace_bytes(p) of
+/// workspace.
 void forward(const Problem& p, const ForwardTensors& t, Stream stream);
 
-/// The running statistics l and m: 2 * B * H * Nq floats.
+/// The workspace: in fp16 and bf16 first O_acc [B, H, Nq, d], the running O_i
+/// in fp32 (in fp32 O itself holds it); then the running statistics l and m,
+/// [B, H, Nq] each, fp32.
 std::int64_t workspace_bytes(const Problem& p);
+
+/// Byte offset of l in the workspace (m follows it): after O_acc in fp16 and
+/// bf16, 0 in fp32.
+std::int64_t stats_offset(const Problem& p);
 
 /// Traffic and FLOPs in closed form (README.md derives every term).
 Cost model(const Problem& p);

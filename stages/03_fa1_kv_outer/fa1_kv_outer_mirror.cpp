@@ -34,30 +34,30 @@ class Chip {
   // n elements HBM -> shared memory (Qi, Kj, Vj).
   void load_to_sram(const float* hbm, float* sram, std::int64_t n) {
     std::copy(hbm, hbm + n, sram);
-    cost_.hbm_read_bytes += n * kElemBytes;
-    cost_.sram_write_bytes += n * kElemBytes;
+    cost_.hbm_read_bytes += n * kFloatBytes;
+    cost_.sram_write_bytes += n * kFloatBytes;
   }
   // n elements HBM -> registers (O_i, l_i, m_i).
   void load_to_registers(const float* hbm, float* regs, std::int64_t n) {
     std::copy(hbm, hbm + n, regs);
-    cost_.hbm_read_bytes += n * kElemBytes;
+    cost_.hbm_read_bytes += n * kFloatBytes;
   }
   // n elements registers -> HBM (O_i, l_i, m_i, L_i).
   void store_from_registers(const float* regs, float* hbm, std::int64_t n) {
     std::copy(regs, regs + n, hbm);
-    cost_.hbm_write_bytes += n * kElemBytes;
+    cost_.hbm_write_bytes += n * kFloatBytes;
   }
   // n copies of one value -> HBM (the initialisation of O, l, m).
   void fill_hbm(float* hbm, float value, std::int64_t n) {
     std::fill(hbm, hbm + n, value);
-    cost_.hbm_write_bytes += n * kElemBytes;
+    cost_.hbm_write_bytes += n * kFloatBytes;
   }
   float read_sram(float x) {
-    cost_.sram_read_bytes += kElemBytes;
+    cost_.sram_read_bytes += kFloatBytes;
     return x;
   }
   void write_sram(float& x, float value) {
-    cost_.sram_write_bytes += kElemBytes;
+    cost_.sram_write_bytes += kFloatBytes;
     x = value;
   }
 

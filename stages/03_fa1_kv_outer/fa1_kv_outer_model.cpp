@@ -4,28 +4,42 @@
 // because the valid rows of the Q blocks add up to Nq and those of the K/V
 // blocks to Nk; only the number of K/V blocks Tc stays, since each of them
 // sweeps the whole of Q, O, l and m.
+//
+// Bytes: Q, K, V and the final O count p.dtype's; the running O_i (in O
+// itself in fp32, in O_acc otherwise), l, m, L and the fp32 tiles in shared
+// memory count four. In fp32 the two O terms are one array, and the total is
+// the one the README derives.
 #include "fa1_kv_outer.h"
 
 namespace flashstep::fa1_kv_outer {
 
-std::int64_t workspace_bytes(const Problem& p) { return 2 * p.lse_elems() * kElemBytes; }
+std::int64_t stats_offset(const Problem& p) {
+  return p.dtype == DType::kFp32 ? 0 : p.q_elems() * kFloatBytes;
+}
+
+std::int64_t workspace_bytes(const Problem& p) {
+  return stats_offset(p) + 2 * p.lse_elems() * kFloatBytes;
+}
 
 Cost model(const Problem& p) {
   const std::int64_t Nq = p.Nq, Nk = p.Nk, d = p.d;
   const std::int64_t Tc = kv_tiles(p);
   const std::int64_t q_elems = Nq * d;   // elements of Q (or O) of one head
   const std::int64_t kv_elems = Nk * d;  // elements of K (or V) of one head
+  const std::int64_t E = p.elem_bytes();
 
   Cost head;
   // Reads: Kj and Vj once; every (j, i) step reads Qi, O_i, l_i, m_i.
-  head.hbm_read_bytes = (2 * kv_elems + Tc * (2 * q_elems + 2 * Nq)) * kElemBytes;
-  // Writes: O, l, m initialised; every step writes O_i, l_i, m_i; L once.
-  head.hbm_write_bytes = ((q_elems + 2 * Nq) + Tc * (q_elems + 2 * Nq) + Nq) * kElemBytes;
+  head.hbm_read_bytes = (2 * kv_elems + Tc * q_elems) * E + Tc * (q_elems + 2 * Nq) * kFloatBytes;
+  // Writes: O_i, l, m initialised; every step but the last writes O_i, the
+  // last writes O; every step writes l_i, m_i; L once.
+  head.hbm_write_bytes =
+      ((q_elems + 2 * Nq) + (Tc - 1) * q_elems + Tc * 2 * Nq + Nq) * kFloatBytes + q_elems * E;
   // Shared memory in: Kj, Vj per j; Qi per step; P~_ij per step.
-  head.sram_write_bytes = (2 * kv_elems + Tc * q_elems + Nq * Nk) * kElemBytes;
+  head.sram_write_bytes = (2 * kv_elems + Tc * q_elems + Nq * Nk) * kFloatBytes;
   // Shared memory out, per multiply-add: a Qi and a Kj element for S_ij, a
   // P~_ij and a Vj element for P~_ij Vj.
-  head.sram_read_bytes = 4 * Nq * Nk * d * kElemBytes;
+  head.sram_read_bytes = 4 * Nq * Nk * d * kFloatBytes;
   head.matmul_flops = 2 * Nq * Nk * d + 2 * Nq * Nk * d;
   // Per score: scale, max, subtract, exp, add (l~), multiply by the P factor.
   // Per row and step: m_new (1), e^(m_i - m_new) (2), e^(m~ - m_new) (2), l_new
@@ -59,6 +73,7 @@ std::vector<Stage> stages_03_fa1_kv_outer() {
   s.workspace_bytes = fa1_kv_outer::workspace_bytes;
   s.model = fa1_kv_outer::model;
   s.mirror = fa1_kv_outer::mirror;
+  s.dtypes = {DType::kFp32, DType::kFp16, DType::kBf16};
   return {s};
 }
 

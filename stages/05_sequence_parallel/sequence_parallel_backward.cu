@@ -450,19 +450,21 @@ void backward(const Problem& p, const BackwardTensors& t, Stream stream) {
     throw Error("stage 05 backward: null tensor pointer");
   }
   float* D = static_cast<float*>(t.workspace);  // [B, H, Nq]
-  cuda_check(cudaMemsetAsync(t.dQ, 0, static_cast<std::size_t>(p.q_elems() * kElemBytes), stream),
-             "stage 05 backward: zero dQ");  // line 3
-  launch_row_dot(p, t.dO, t.O, D, stream);     // line 4
+  // fp32 only (backward_dtypes): every tensor is float.
+  const auto* dO = static_cast<const float*>(t.dO);  // [B, H, Nq, d]
+  cuda_check(cudaMemsetAsync(t.dQ, 0, static_cast<std::size_t>(p.q_elems() * kFloatBytes), stream),
+             "stage 05 backward: zero dQ");                        // line 3
+  launch_row_dot(p, dO, static_cast<const float*>(t.O), D, stream);  // line 4
   Params prm{};
-  prm.Q = t.Q;
-  prm.K = t.K;
-  prm.V = t.V;
+  prm.Q = static_cast<const float*>(t.Q);
+  prm.K = static_cast<const float*>(t.K);
+  prm.V = static_cast<const float*>(t.V);
   prm.L = t.L;
-  prm.dO = t.dO;
+  prm.dO = dO;
   prm.D = D;
-  prm.dQ = t.dQ;
-  prm.dK = t.dK;
-  prm.dV = t.dV;
+  prm.dQ = static_cast<float*>(t.dQ);
+  prm.dK = static_cast<float*>(t.dK);
+  prm.dV = static_cast<float*>(t.dV);
   prm.heads = p.heads();
   prm.Nq = static_cast<int>(p.Nq);
   prm.Nk = static_cast<int>(p.Nk);

@@ -34,7 +34,7 @@ void row_dot(const Problem& p, const HostBackwardTensors& t, std::vector<float>&
       acc += t.dO[r * p.d + k] * t.O[r * p.d + k];
       chip.cost.nonmatmul_flops += 2;
     }
-    chip.cost.hbm_read_bytes += 2 * p.d * kElemBytes;
+    chip.cost.hbm_read_bytes += 2 * p.d * kFloatBytes;
     chip.store(&D[static_cast<size_t>(r)], acc);
   }
 }

@@ -17,6 +17,8 @@
 //   the softmax scale (6); per row, Li into log2 units (1). Masked scores are
 //   computed and then dropped, so they count.
 // Plus the D kernel (common/row_dot) and the zeroing of dQ (written once).
+// Q, K, V, dO, dK and dV count p.dtype's bytes; L, D and dQ, which the
+// atomics accumulate in fp32, four.
 #include <algorithm>
 
 #include "backward_tiles.h"
@@ -25,7 +27,7 @@
 
 namespace flashstep::sequence_parallel {
 
-std::int64_t backward_workspace_bytes(const Problem& p) { return p.lse_elems() * kElemBytes; }
+std::int64_t backward_workspace_bytes(const Problem& p) { return p.lse_elems() * kFloatBytes; }
 
 Cost backward_model(const Problem& p) {
   const std::int64_t d = p.d;
@@ -41,17 +43,18 @@ Cost backward_model(const Problem& p) {
     const std::int64_t i_first = first_row / bwd::kBr;
     head.skipped_tiles += i_first;
     const std::int64_t rows = p.Nq - i_first * bwd::kBr;
-    head.hbm_read_bytes += (2 * C * d + rows * (3 * d + 2)) * kElemBytes;
-    head.hbm_write_bytes += (2 * C * d + rows * d) * kElemBytes;
-    head.sram_write_bytes += (2 * C * d + rows * (2 * d + 2 + 3 * C)) * kElemBytes;
-    head.sram_read_bytes += rows * (10 * C * d + 2) * kElemBytes;
+    head.hbm_read_bytes +=
+        (2 * C * d + rows * 2 * d) * p.elem_bytes() + rows * (d + 2) * kFloatBytes;
+    head.hbm_write_bytes += 2 * C * d * p.elem_bytes() + rows * d * kFloatBytes;
+    head.sram_write_bytes += (2 * C * d + rows * (2 * d + 2 + 3 * C)) * kFloatBytes;
+    head.sram_read_bytes += rows * (10 * C * d + 2) * kFloatBytes;
     head.matmul_flops += 10 * rows * C * d;
     head.nonmatmul_flops += rows * (6 * C + 1);
   }
   const std::int64_t BH = p.heads();
   Cost c;
   c.hbm_read_bytes = BH * head.hbm_read_bytes;
-  c.hbm_write_bytes = BH * head.hbm_write_bytes + p.q_elems() * kElemBytes;  // dQ = 0 first
+  c.hbm_write_bytes = BH * head.hbm_write_bytes + p.q_elems() * kFloatBytes;  // dQ = 0 first
   c.sram_read_bytes = BH * head.sram_read_bytes;
   c.sram_write_bytes = BH * head.sram_write_bytes;
   c.matmul_flops = BH * head.matmul_flops;

@@ -82,19 +82,20 @@ Cost model_split_q(const Problem& p) {
     const std::int64_t R = std::min(Br, p.Nq - row0);
     const std::int64_t n = tiles_seen(p, row0 + R - 1, Bc);
     head.skipped_tiles += Tc - n;
-    head.hbm_write_bytes += R * (d + 1) * kElemBytes;  // O_i and L_i (0 and -inf if n = 0)
+    // O_i and L_i (0 and -inf if n = 0)
+    head.hbm_write_bytes += R * (d * p.elem_bytes() + kFloatBytes);
     if (n == 0) continue;
     const std::int64_t C = std::min(n * Bc, p.Nk);
-    head.hbm_read_bytes += (R + 2 * C) * d * kElemBytes;
-    head.sram_write_bytes += (R + 2 * C) * d * kElemBytes;
+    head.hbm_read_bytes += (R + 2 * C) * d * p.elem_bytes();
+    head.sram_write_bytes += (R + 2 * C) * d * kFloatBytes;
     head.barriers += 2 * n;
     for (std::int64_t w0 = row0; w0 < row0 + R; w0 += shape.warp_rows) {
       const std::int64_t Rw = std::min<std::int64_t>(shape.warp_rows, row0 + R - w0);
       const std::int64_t nw = tiles_seen(p, w0 + Rw - 1, Bc);
       if (nw == 0) continue;  // O = 0, L = -inf, nothing computed
       const std::int64_t Cw = std::min(nw * Bc, p.Nk);
-      head.sram_write_bytes += Rw * Cw * kElemBytes;      // P~
-      head.sram_read_bytes += 4 * Rw * Cw * d * kElemBytes;  // 2 operands x 2 products
+      head.sram_write_bytes += Rw * Cw * kFloatBytes;      // P~
+      head.sram_read_bytes += 4 * Rw * Cw * d * kFloatBytes;  // 2 operands x 2 products
       head.matmul_flops += 4 * Rw * Cw * d;
       head.nonmatmul_flops += 5 * Rw * Cw + nw * Rw * (3 + d) + Rw * (d + 4);
     }
@@ -115,10 +116,10 @@ Cost model_split_k(const Problem& p) {
     const std::int64_t R = std::min(Br, p.Nq - i * Br);
     const std::int64_t n = tiles_seen(p, i * Br + R - 1, Bc);
     head.skipped_tiles += Tc - n;
-    head.hbm_write_bytes += R * (d + 1) * kElemBytes;
+    head.hbm_write_bytes += R * (d * p.elem_bytes() + kFloatBytes);
     if (n == 0) continue;
     const std::int64_t C = std::min(n * Bc, p.Nk);
-    head.hbm_read_bytes += (R + 2 * C) * d * kElemBytes;
+    head.hbm_read_bytes += (R + 2 * C) * d * p.elem_bytes();
     // FlashAttention-2's share, as split-Q without warp skipping.
     std::int64_t writes = (R + 2 * C) * d + R * C;
     std::int64_t reads = 4 * R * C * d;
@@ -130,8 +131,8 @@ Cost model_split_k(const Problem& p) {
     head.nonmatmul_flops += n * (R * (3 + 5 * W) + R * d * (1 + 2 * W));
     writes += R * d + 2 * R + R;
     reads += 2 * R + 2 * R * d;
-    head.sram_write_bytes += writes * kElemBytes;
-    head.sram_read_bytes += reads * kElemBytes;
+    head.sram_write_bytes += writes * kFloatBytes;
+    head.sram_read_bytes += reads * kFloatBytes;
     head.barriers += 2 + n * (1 + 2 * chunks);
   }
   Cost c = all_heads(p, head, Tr);

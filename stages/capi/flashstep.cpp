@@ -299,9 +299,9 @@ void forward(const char* stage_name, const Problem& p, const float* Q, const flo
   // Checks that need no GPU, in the documented order.
   const Stage& stage = find_stage(stage_name);
   check_problem(p);
-  const std::int64_t q_bytes = p.q_elems() * flashstep::kElemBytes;
-  const std::int64_t kv_bytes = p.kv_elems() * flashstep::kElemBytes;
-  const std::int64_t lse_bytes = p.lse_elems() * flashstep::kElemBytes;
+  const std::int64_t q_bytes = p.q_elems() * flashstep::kFloatBytes;
+  const std::int64_t kv_bytes = p.kv_elems() * flashstep::kFloatBytes;
+  const std::int64_t lse_bytes = p.lse_elems() * flashstep::kFloatBytes;
   std::vector<Tensor> tensors = {
       {"Q", Q, q_bytes}, {"K", K, kv_bytes}, {"V", V, kv_bytes}, {"O", O, q_bytes}};
   for (const Tensor& t : tensors) {
@@ -349,8 +349,8 @@ struct BackwardScratch {
     if (!rerun_forward) return;
     saved = round_up_to_align(own);
     O = saved + round_up_to_align(forward_ws);
-    L = O + round_up_to_align(p.q_elems() * flashstep::kElemBytes);
-    total = L + p.lse_elems() * flashstep::kElemBytes;
+    L = O + round_up_to_align(p.q_elems() * flashstep::kFloatBytes);
+    total = L + p.lse_elems() * flashstep::kFloatBytes;
   }
 };
 
@@ -365,9 +365,9 @@ void backward(const char* stage_name, const Problem& p, const float* Q, const fl
                                stages_with_backward());
   }
   check_problem(p);
-  const std::int64_t q_bytes = p.q_elems() * flashstep::kElemBytes;
-  const std::int64_t kv_bytes = p.kv_elems() * flashstep::kElemBytes;
-  const std::int64_t lse_bytes = p.lse_elems() * flashstep::kElemBytes;
+  const std::int64_t q_bytes = p.q_elems() * flashstep::kFloatBytes;
+  const std::int64_t kv_bytes = p.kv_elems() * flashstep::kFloatBytes;
+  const std::int64_t lse_bytes = p.lse_elems() * flashstep::kFloatBytes;
   const std::vector<Tensor> tensors = {
       {"Q", Q, q_bytes},   {"K", K, kv_bytes},   {"V", V, kv_bytes},
       {"O", O, q_bytes},   {"L", L, lse_bytes},  {"dO", dO, q_bytes},
@@ -393,7 +393,7 @@ void backward(const char* stage_name, const Problem& p, const float* Q, const fl
     f.Q = Q;
     f.K = K;
     f.V = V;
-    f.O = static_cast<float*>(workspace.at(layout.O));
+    f.O = workspace.at(layout.O);
     f.L = stage.writes_lse ? static_cast<float*>(workspace.at(layout.L)) : nullptr;
     f.workspace = workspace.at(layout.saved);
     stage.forward(p, f, stream);

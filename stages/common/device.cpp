@@ -9,12 +9,14 @@
 
 #include "cuda_check.h"
 #include "error.h"
+#include "rounding.h"
 
 namespace flashstep {
 
 namespace {
-// Byte pattern that makes every fp32 element NaN (0xFFFFFFFF): an output
-// element a stage forgets to write stays NaN and fails the comparison.
+// Byte pattern that makes every element NaN in all three types (0xFFFFFFFF in
+// fp32, 0xFFFF in fp16 and bf16): an output element a stage forgets to write
+// stays NaN and fails the comparison.
 constexpr int kPoisonByte = 0xFF;
 // The L2 flush overwrites this many times the L2 size between timed runs.
 constexpr std::int64_t kL2FlushFactor = 2;
@@ -35,6 +37,30 @@ T* device_alloc(std::int64_t bytes, const char* what) {
   // cudaMalloc of 0 bytes returns null; allocate one element so pointers are valid.
   cuda_check(cudaMalloc(&ptr, static_cast<size_t>(std::max<std::int64_t>(bytes, 4))), what);
   return static_cast<T*>(ptr);
+}
+
+// host fp32 src [n] -> device dst [n] in type t, rounded to nearest even on the way.
+void copy_to_device(void* dst, const float* src, std::int64_t n, DType t, const char* what) {
+  if (t == DType::kFp32) {
+    cuda_check(cudaMemcpy(dst, src, n * kFloatBytes, cudaMemcpyHostToDevice), what);
+    return;
+  }
+  std::vector<std::uint16_t> bits(static_cast<size_t>(n));
+  for (size_t k = 0; k < bits.size(); ++k) bits[k] = to_bits(t, src[k]);
+  cuda_check(cudaMemcpy(dst, bits.data(), n * dtype_bytes(t), cudaMemcpyHostToDevice), what);
+}
+
+// device src [n] in type t -> host fp32 dst [n], widened exactly.
+void copy_to_host(std::vector<float>& dst, const void* src, std::int64_t n, DType t,
+                  const char* what) {
+  dst.resize(static_cast<size_t>(n));
+  if (t == DType::kFp32) {
+    cuda_check(cudaMemcpy(dst.data(), src, n * kFloatBytes, cudaMemcpyDeviceToHost), what);
+    return;
+  }
+  std::vector<std::uint16_t> bits(static_cast<size_t>(n));
+  cuda_check(cudaMemcpy(bits.data(), src, n * dtype_bytes(t), cudaMemcpyDeviceToHost), what);
+  for (size_t k = 0; k < bits.size(); ++k) dst[k] = from_bits(t, bits[k]);
 }
 
 double percentile(std::vector<float> sorted_ms, double q) {
@@ -79,11 +105,12 @@ DeviceInfo device_info() {
 }
 
 std::int64_t device_bytes_needed(const Stage& stage, const Problem& p, bool backward) {
-  std::int64_t bytes = (2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems()) * kElemBytes +
-                       stage.workspace_bytes(p);
+  std::int64_t bytes = (2 * p.q_elems() + 2 * p.kv_elems()) * p.elem_bytes() +
+                       p.lse_elems() * kFloatBytes + stage.workspace_bytes(p);
   if (backward) {
     if (!stage.backward) throw Error("stage " + std::string(stage.name) + " has no backward pass");
-    bytes += (2 * p.q_elems() + 2 * p.kv_elems()) * kElemBytes + stage.backward_workspace_bytes(p);
+    bytes += (2 * p.q_elems() + 2 * p.kv_elems()) * p.elem_bytes() +
+             stage.backward_workspace_bytes(p);
   }
   return bytes;
 }
@@ -93,6 +120,8 @@ DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const
     : stage_(stage), p_(p) {
   validate(p_);
   const bool backward = dO != nullptr;
+  require_dtype(stage, p.dtype);
+  if (backward) require_dtype(stage, p.dtype, true);
   const std::int64_t need = device_bytes_needed(stage, p, backward);
   size_t free_bytes = 0, total_bytes = 0;
   cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -101,26 +130,27 @@ DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const
                 " of device memory for " + p.describe() + ", but only " +
                 gib(static_cast<std::int64_t>(free_bytes)) + " is free");
   }
+  const std::int64_t E = p.elem_bytes();
   try {
-    Q_ = device_alloc<float>(p.q_elems() * kElemBytes, "cudaMalloc Q");
-    K_ = device_alloc<float>(p.kv_elems() * kElemBytes, "cudaMalloc K");
-    V_ = device_alloc<float>(p.kv_elems() * kElemBytes, "cudaMalloc V");
-    O_ = device_alloc<float>(p.q_elems() * kElemBytes, "cudaMalloc O");
-    L_ = device_alloc<float>(p.lse_elems() * kElemBytes, "cudaMalloc L");
+    Q_ = device_alloc<void>(p.q_elems() * E, "cudaMalloc Q");
+    K_ = device_alloc<void>(p.kv_elems() * E, "cudaMalloc K");
+    V_ = device_alloc<void>(p.kv_elems() * E, "cudaMalloc V");
+    O_ = device_alloc<void>(p.q_elems() * E, "cudaMalloc O");
+    L_ = device_alloc<float>(p.lse_elems() * kFloatBytes, "cudaMalloc L");
     const std::int64_t ws = stage.workspace_bytes(p);
     if (ws > 0) workspace_ = device_alloc<void>(ws, "cudaMalloc workspace");
     if (backward) {
-      dO_ = device_alloc<float>(p.q_elems() * kElemBytes, "cudaMalloc dO");
-      dQ_ = device_alloc<float>(p.q_elems() * kElemBytes, "cudaMalloc dQ");
-      dK_ = device_alloc<float>(p.kv_elems() * kElemBytes, "cudaMalloc dK");
-      dV_ = device_alloc<float>(p.kv_elems() * kElemBytes, "cudaMalloc dV");
+      dO_ = device_alloc<void>(p.q_elems() * E, "cudaMalloc dO");
+      dQ_ = device_alloc<void>(p.q_elems() * E, "cudaMalloc dQ");
+      dK_ = device_alloc<void>(p.kv_elems() * E, "cudaMalloc dK");
+      dV_ = device_alloc<void>(p.kv_elems() * E, "cudaMalloc dV");
       const std::int64_t bws = stage.backward_workspace_bytes(p);
       if (bws > 0) backward_workspace_ = device_alloc<void>(bws, "cudaMalloc backward workspace");
-      cuda_check(cudaMemcpy(dO_, dO, p.q_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy dO");
+      copy_to_device(dO_, dO, p.q_elems(), p.dtype, "copy dO");
     }
-    cuda_check(cudaMemcpy(Q_, Q, p.q_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy Q");
-    cuda_check(cudaMemcpy(K_, K, p.kv_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy K");
-    cuda_check(cudaMemcpy(V_, V, p.kv_elems() * kElemBytes, cudaMemcpyHostToDevice), "copy V");
+    copy_to_device(Q_, Q, p.q_elems(), p.dtype, "copy Q");
+    copy_to_device(K_, K, p.kv_elems(), p.dtype, "copy K");
+    copy_to_device(V_, V, p.kv_elems(), p.dtype, "copy V");
   } catch (...) {
     release();
     throw;
@@ -130,13 +160,12 @@ DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const
 DeviceRun::~DeviceRun() { release(); }
 
 void DeviceRun::release() noexcept {
-  for (void* ptr : {static_cast<void*>(Q_), static_cast<void*>(K_), static_cast<void*>(V_),
-                    static_cast<void*>(O_), static_cast<void*>(L_), workspace_,
-                    static_cast<void*>(dO_), static_cast<void*>(dQ_), static_cast<void*>(dK_),
-                    static_cast<void*>(dV_), backward_workspace_}) {
+  for (void* ptr : {Q_, K_, V_, O_, static_cast<void*>(L_), workspace_, dO_, dQ_, dK_, dV_,
+                    backward_workspace_}) {
     if (ptr) cudaFree(ptr);
   }
-  Q_ = K_ = V_ = O_ = L_ = dO_ = dQ_ = dK_ = dV_ = nullptr;
+  Q_ = K_ = V_ = O_ = dO_ = dQ_ = dK_ = dV_ = nullptr;
+  L_ = nullptr;
   workspace_ = backward_workspace_ = nullptr;
 }
 
@@ -172,18 +201,16 @@ void DeviceRun::run_backward(std::vector<float>& dQ, std::vector<float>& dK,
   if (!dO_) throw Error("DeviceRun: the backward needs dO (pass it to the constructor)");
   std::vector<float> O, L;
   run(O, L);
-  cuda_check(cudaMemset(dQ_, kPoisonByte, p_.q_elems() * kElemBytes), "poison dQ");
-  cuda_check(cudaMemset(dK_, kPoisonByte, p_.kv_elems() * kElemBytes), "poison dK");
-  cuda_check(cudaMemset(dV_, kPoisonByte, p_.kv_elems() * kElemBytes), "poison dV");
+  const std::int64_t E = p_.elem_bytes();
+  cuda_check(cudaMemset(dQ_, kPoisonByte, p_.q_elems() * E), "poison dQ");
+  cuda_check(cudaMemset(dK_, kPoisonByte, p_.kv_elems() * E), "poison dK");
+  cuda_check(cudaMemset(dV_, kPoisonByte, p_.kv_elems() * E), "poison dV");
   launch_backward();
   cuda_check(cudaDeviceSynchronize(),
              std::string("stage " + std::string(stage_.name) + " backward").c_str());
-  dQ.resize(static_cast<size_t>(p_.q_elems()));
-  dK.resize(static_cast<size_t>(p_.kv_elems()));
-  dV.resize(static_cast<size_t>(p_.kv_elems()));
-  cuda_check(cudaMemcpy(dQ.data(), dQ_, p_.q_elems() * kElemBytes, cudaMemcpyDeviceToHost), "copy dQ");
-  cuda_check(cudaMemcpy(dK.data(), dK_, p_.kv_elems() * kElemBytes, cudaMemcpyDeviceToHost), "copy dK");
-  cuda_check(cudaMemcpy(dV.data(), dV_, p_.kv_elems() * kElemBytes, cudaMemcpyDeviceToHost), "copy dV");
+  copy_to_host(dQ, dQ_, p_.q_elems(), p_.dtype, "copy dQ");
+  copy_to_host(dK, dK_, p_.kv_elems(), p_.dtype, "copy dK");
+  copy_to_host(dV, dV_, p_.kv_elems(), p_.dtype, "copy dV");
 }
 
 Timing DeviceRun::time_backward(int warmup, int iterations) {
@@ -193,15 +220,13 @@ Timing DeviceRun::time_backward(int warmup, int iterations) {
 }
 
 void DeviceRun::run(std::vector<float>& O, std::vector<float>& L) {
-  cuda_check(cudaMemset(O_, kPoisonByte, p_.q_elems() * kElemBytes), "poison O");
-  cuda_check(cudaMemset(L_, kPoisonByte, p_.lse_elems() * kElemBytes), "poison L");
+  cuda_check(cudaMemset(O_, kPoisonByte, p_.q_elems() * p_.elem_bytes()), "poison O");
+  cuda_check(cudaMemset(L_, kPoisonByte, p_.lse_elems() * kFloatBytes), "poison L");
   launch();
   cuda_check(cudaDeviceSynchronize(), std::string("stage " + std::string(stage_.name)).c_str());
-  O.resize(static_cast<size_t>(p_.q_elems()));
+  copy_to_host(O, O_, p_.q_elems(), p_.dtype, "copy O");
   L.resize(static_cast<size_t>(p_.lse_elems()));
-  cuda_check(cudaMemcpy(O.data(), O_, p_.q_elems() * kElemBytes, cudaMemcpyDeviceToHost),
-             "copy O");
-  cuda_check(cudaMemcpy(L.data(), L_, p_.lse_elems() * kElemBytes, cudaMemcpyDeviceToHost),
+  cuda_check(cudaMemcpy(L.data(), L_, p_.lse_elems() * kFloatBytes, cudaMemcpyDeviceToHost),
              "copy L");
 }
 

@@ -30,8 +30,9 @@ bool cuda_device_available(std::string* why = nullptr);
 /// Properties of device 0. Requires cuda_device_available().
 DeviceInfo device_info();
 
-/// Device bytes a run of `stage` on `p` allocates: Q, K, V, O, L, workspace,
-/// and with `backward` also dO, dQ, dK, dV and the backward's workspace.
+/// Device bytes a run of `stage` on `p` allocates: Q, K, V, O (p.dtype), L
+/// (fp32), workspace, and with `backward` also dO, dQ, dK, dV (p.dtype) and
+/// the backward's workspace.
 std::int64_t device_bytes_needed(const Stage& stage, const Problem& p, bool backward = false);
 
 /// Median and spread of repeated timings, in milliseconds.
@@ -43,9 +44,14 @@ struct Timing {
 };
 
 /// Device buffers for one stage on one problem: allocated once (after checking
-/// that they fit in free device memory, with a clear Error if not), reused by
-/// every run and timing. Given dO [B,H,Nq,d], it also holds the backward's
-/// buffers (the stage must have a backward).
+/// that the stage runs in p.dtype and that they fit in free device memory,
+/// with a clear Error if not), reused by every run and timing. Given dO
+/// [B,H,Nq,d], it also holds the backward's buffers (the stage's backward
+/// must run in p.dtype).
+///
+/// The host tensors are fp32 in every type: Q, K, V and dO are rounded to
+/// p.dtype (to nearest even, as the device rounds) on their way to the device,
+/// and O, dQ, dK and dV are widened (exactly) to fp32 on their way back.
 class DeviceRun {
  public:
   DeviceRun(const Stage& stage, const Problem& p, const float* Q, const float* K,
@@ -55,7 +61,8 @@ class DeviceRun {
   DeviceRun& operator=(const DeviceRun&) = delete;
 
   /// Poisons O and L with NaN (every element must be written), runs the
-  /// stage once, and copies O [B,H,Nq,d] and L [B,H,Nq] back to the host.
+  /// stage once, and copies O [B,H,Nq,d] (widened to fp32) and L [B,H,Nq]
+  /// back to the host.
   void run(std::vector<float>& O, std::vector<float>& L);
 
   /// `warmup` untimed runs, then `iterations` runs each timed with CUDA
@@ -72,16 +79,16 @@ class DeviceRun {
  private:
   const Stage& stage_;
   Problem p_;
-  float* Q_ = nullptr;          // [B, H, Nq, d]
-  float* K_ = nullptr;          // [B, H, Nk, d]
-  float* V_ = nullptr;          // [B, H, Nk, d]
-  float* O_ = nullptr;          // [B, H, Nq, d]
+  void* Q_ = nullptr;           // [B, H, Nq, d], p.dtype
+  void* K_ = nullptr;           // [B, H, Nk, d], p.dtype
+  void* V_ = nullptr;           // [B, H, Nk, d], p.dtype
+  void* O_ = nullptr;           // [B, H, Nq, d], p.dtype
   float* L_ = nullptr;          // [B, H, Nq]
   void* workspace_ = nullptr;   // stage.workspace_bytes(p)
-  float* dO_ = nullptr;         // [B, H, Nq, d]
-  float* dQ_ = nullptr;         // [B, H, Nq, d]
-  float* dK_ = nullptr;         // [B, H, Nk, d]
-  float* dV_ = nullptr;         // [B, H, Nk, d]
+  void* dO_ = nullptr;          // [B, H, Nq, d], p.dtype
+  void* dQ_ = nullptr;          // [B, H, Nq, d], p.dtype
+  void* dK_ = nullptr;          // [B, H, Nk, d], p.dtype
+  void* dV_ = nullptr;          // [B, H, Nk, d], p.dtype
   void* backward_workspace_ = nullptr;  // stage.backward_workspace_bytes(p)
   void release() noexcept;
   void launch();

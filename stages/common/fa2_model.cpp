@@ -6,7 +6,8 @@
 // C_i = min(n_i Bc, Nk) keys (n_i < Tc only when causal skips blocks):
 // - HBM: Qi read once (if n_i > 0), Kj and Vj once per visited (i, j); O and L
 //   written once. Valid elements only: the kernel zero-fills the padding on chip.
-// - SRAM is the kernel's shared memory: tiles Qi, Kj, Vj and P~_ij written
+//   Q, K, V and O count p.dtype's bytes, L four.
+// - SRAM is the kernel's shared memory: fp32 tiles Qi, Kj, Vj and P~_ij written
 //   once each; reads counted per use, one per multiply-add operand (as in
 //   stages 01-02). S_ij, O~_i, m_i and l_i live in registers: not SRAM.
 // - Non-matmul FLOPs per visited tile of R x C scores: scale, max, subtract,
@@ -42,12 +43,13 @@ Cost model(const Problem& p, std::int64_t thread_blocks) {
     const std::int64_t R = std::min<std::int64_t>(kBr, p.Nq - i * kBr);
     const std::int64_t n = kv_blocks_visited(p, i);
     head.skipped_tiles += Tc - n;
-    head.hbm_write_bytes += R * (d + 1) * kElemBytes;  // O_i and L_i (0 and -inf if n = 0)
+    // O_i and L_i (0 and -inf if n = 0)
+    head.hbm_write_bytes += R * (d * p.elem_bytes() + kFloatBytes);
     if (n == 0) continue;
     const std::int64_t C = std::min(n * kBc, p.Nk);
-    head.hbm_read_bytes += (R + 2 * C) * d * kElemBytes;
-    head.sram_write_bytes += ((R + 2 * C) * d + R * C) * kElemBytes;
-    head.sram_read_bytes += 4 * R * C * d * kElemBytes;  // 2 operands x (S_ij and P~_ij Vj)
+    head.hbm_read_bytes += (R + 2 * C) * d * p.elem_bytes();
+    head.sram_write_bytes += ((R + 2 * C) * d + R * C) * kFloatBytes;
+    head.sram_read_bytes += 4 * R * C * d * kFloatBytes;  // 2 operands x (S_ij and P~_ij Vj)
     head.matmul_flops += 4 * R * C * d;                   // 2 R C d, twice
     head.nonmatmul_flops += 5 * R * C + n * R * (3 + d) + R * (d + 4);
   }

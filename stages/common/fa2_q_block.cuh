@@ -117,13 +117,14 @@ struct Params {
   bool vec;  // float4 global accesses: d % 4 == 0 and 16-byte aligned tensors
 };
 
-// The kernel parameters of problem p on tensors t (host side; stages 04 and 05).
+// The kernel parameters of problem p on tensors t (host side; stages 04, 05
+// and 06). These stages run in fp32 only (Stage::dtypes): Q, K, V, O are float.
 inline Params make_params(const Problem& p, const ForwardTensors& t) {
   Params prm{};
-  prm.Q = t.Q;
-  prm.K = t.K;
-  prm.V = t.V;
-  prm.O = t.O;
+  prm.Q = static_cast<const float*>(t.Q);
+  prm.K = static_cast<const float*>(t.K);
+  prm.V = static_cast<const float*>(t.V);
+  prm.O = static_cast<float*>(t.O);
   prm.L = t.L;
   prm.heads = p.heads();
   prm.Nq = static_cast<int>(p.Nq);

@@ -37,29 +37,29 @@ class Chip {
     tile.rows = rows;
     tile.cols = cols;
     tile.v.assign(hbm, hbm + rows * cols);
-    cost.hbm_read_bytes += rows * cols * kElemBytes;
-    cost.sram_write_bytes += rows * cols * kElemBytes;
+    cost.hbm_read_bytes += rows * cols * kFloatBytes;
+    cost.sram_write_bytes += rows * cols * kFloatBytes;
   }
   /// Shared memory -> registers, one element used once.
   float read(const Tile& tile, std::int64_t r, std::int64_t c) {
-    cost.sram_read_bytes += kElemBytes;
+    cost.sram_read_bytes += kFloatBytes;
     return tile.at(r, c);
   }
   /// Registers -> shared memory, one element.
   void write(Tile& tile, std::int64_t r, std::int64_t c, float value) {
-    cost.sram_write_bytes += kElemBytes;
+    cost.sram_write_bytes += kFloatBytes;
     tile.v[static_cast<size_t>(r * tile.cols + c)] = value;
   }
   /// Registers -> HBM.
   void store(float* hbm, float value) {
     *hbm = value;
-    cost.hbm_write_bytes += kElemBytes;
+    cost.hbm_write_bytes += kFloatBytes;
   }
   /// Registers -> HBM through an atomic add: a read and a write of the element.
   void atomic_add(float* hbm, float value) {
     *hbm += value;
-    cost.hbm_read_bytes += kElemBytes;
-    cost.hbm_write_bytes += kElemBytes;
+    cost.hbm_read_bytes += kFloatBytes;
+    cost.hbm_write_bytes += kFloatBytes;
   }
 
   // The tile products count 2 FLOPs per multiply-add, and each multiply-add
@@ -69,7 +69,7 @@ class Chip {
   /// product with B transposed (S = Qi Kj^T, dP = dOi Vj^T).
   float dot(const Tile& A, std::int64_t a, const Tile& B, std::int64_t b, std::int64_t n,
             float acc = 0.0f) {
-    cost.sram_read_bytes += 2 * n * kElemBytes;
+    cost.sram_read_bytes += 2 * n * kFloatBytes;
     cost.matmul_flops += 2 * n;
     for (std::int64_t k = 0; k < n; ++k) acc += A.at(a, k) * B.at(b, k);
     return acc;
@@ -78,7 +78,7 @@ class Chip {
   /// as P~_ij Vj (b = c), P_ij^T dOi (b = r) or dS_ij Kj.
   void axpy(const Tile& A, std::int64_t r, std::int64_t c, const Tile& B, std::int64_t b,
             std::int64_t n, float* out) {
-    cost.sram_read_bytes += 2 * n * kElemBytes;
+    cost.sram_read_bytes += 2 * n * kFloatBytes;
     cost.matmul_flops += 2 * n;
     const float x = A.at(r, c);
     for (std::int64_t k = 0; k < n; ++k) out[k] += x * B.at(b, k);

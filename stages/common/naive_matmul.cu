@@ -3,7 +3,8 @@
 // gemm_kernel, the same tiling with either operand transposed, for the four
 // products of stage 02's backward. Textbook shared-memory tiling, one output
 // element per thread: the point of these stages is the N x N traffic, not the
-// GEMM.
+// GEMM. Kernels 1 and 3 read and write Q, K, V, P and O in the problem's
+// element type and compute in fp32 (S is always fp32); the GEMMs are fp32.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "element.cuh"
 #include "naive_matmul.h"
 
 namespace flashstep {
@@ -26,7 +28,9 @@ constexpr unsigned kMaxGridYZ = 65535;
 constexpr std::int64_t kMaxGridX = 2147483647;
 
 // S [BH, Nq, Nk] = scale * Q [BH, Nq, d] * K^T [BH, d, Nk], masked to -inf.
-__global__ void scores_kernel(const float* __restrict__ Q, const float* __restrict__ K,
+// Q and K in Elem, widened as they are staged; S in fp32.
+template <typename Elem>
+__global__ void scores_kernel(const Elem* __restrict__ Q, const Elem* __restrict__ K,
                               float* __restrict__ S, int BH, int Nq, int Nk, int d,
                               float scale, bool causal) {
   __shared__ float Qs[kTile][kTile + kPad];  // Qs[r][k] = Q[i0 + r][k0 + k]
@@ -36,15 +40,17 @@ __global__ void scores_kernel(const float* __restrict__ Q, const float* __restri
   for (int bh = blockIdx.z; bh < BH; bh += gridDim.z) {
     for (int i0 = blockIdx.y * kTile; i0 < Nq; i0 += gridDim.y * kTile) {
       const int i = i0 + ty;
-      const float* Qh = Q + static_cast<std::int64_t>(bh) * Nq * d;
-      const float* Kh = K + static_cast<std::int64_t>(bh) * Nk * d;
+      const Elem* Qh = Q + static_cast<std::int64_t>(bh) * Nq * d;
+      const Elem* Kh = K + static_cast<std::int64_t>(bh) * Nk * d;
       const int j0 = blockIdx.x * kTile;
       float acc = 0.0f;
       for (int k0 = 0; k0 < d; k0 += kTile) {
         const int k = k0 + tx;
         // Only elements inside the matrices are loaded; the rest are zero.
-        Qs[ty][tx] = (i < Nq && k < d) ? Qh[static_cast<std::int64_t>(i) * d + k] : 0.0f;
-        Ks[ty][tx] = (j0 + ty < Nk && k < d) ? Kh[static_cast<std::int64_t>(j0 + ty) * d + k] : 0.0f;
+        const std::int64_t q_row = static_cast<std::int64_t>(i) * d;
+        const std::int64_t k_row = static_cast<std::int64_t>(j0 + ty) * d;
+        Qs[ty][tx] = (i < Nq && k < d) ? to_float(Qh[q_row + k]) : 0.0f;
+        Ks[ty][tx] = (j0 + ty < Nk && k < d) ? to_float(Kh[k_row + k]) : 0.0f;
         __syncthreads();
         if (i < Nq && j < Nk) {
           const int kmax = min(kTile, d - k0);
@@ -60,9 +66,11 @@ __global__ void scores_kernel(const float* __restrict__ Q, const float* __restri
   }
 }
 
-// O [BH, Nq, d] = P [BH, Nq, Nk] * V [BH, Nk, d].
-__global__ void pv_kernel(const float* __restrict__ P, const float* __restrict__ V,
-                          float* __restrict__ O, int BH, int Nq, int Nk, int d) {
+// O [BH, Nq, d] = P [BH, Nq, Nk] * V [BH, Nk, d], all three in Elem,
+// accumulated in fp32 and rounded once as O is stored.
+template <typename Elem>
+__global__ void pv_kernel(const Elem* __restrict__ P, const Elem* __restrict__ V,
+                          Elem* __restrict__ O, int BH, int Nq, int Nk, int d) {
   __shared__ float Ps[kTile][kTile + kPad];  // Ps[r][c] = P[i0 + r][j0 + c]
   __shared__ float Vs[kTile][kTile + kPad];  // Vs[r][c] = V[j0 + r][c0 + c]
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -70,12 +78,14 @@ __global__ void pv_kernel(const float* __restrict__ P, const float* __restrict__
   for (int bh = blockIdx.z; bh < BH; bh += gridDim.z) {
     for (int i0 = blockIdx.y * kTile; i0 < Nq; i0 += gridDim.y * kTile) {
       const int i = i0 + ty;
-      const float* Ph = P + static_cast<std::int64_t>(bh) * Nq * Nk;
-      const float* Vh = V + static_cast<std::int64_t>(bh) * Nk * d;
+      const Elem* Ph = P + static_cast<std::int64_t>(bh) * Nq * Nk;
+      const Elem* Vh = V + static_cast<std::int64_t>(bh) * Nk * d;
       float acc = 0.0f;
       for (int j0 = 0; j0 < Nk; j0 += kTile) {
-        Ps[ty][tx] = (i < Nq && j0 + tx < Nk) ? Ph[static_cast<std::int64_t>(i) * Nk + j0 + tx] : 0.0f;
-        Vs[ty][tx] = (j0 + ty < Nk && c < d) ? Vh[static_cast<std::int64_t>(j0 + ty) * d + c] : 0.0f;
+        const std::int64_t p_row = static_cast<std::int64_t>(i) * Nk;
+        const std::int64_t v_row = static_cast<std::int64_t>(j0 + ty) * d;
+        Ps[ty][tx] = (i < Nq && j0 + tx < Nk) ? to_float(Ph[p_row + j0 + tx]) : 0.0f;
+        Vs[ty][tx] = (j0 + ty < Nk && c < d) ? to_float(Vh[v_row + c]) : 0.0f;
         __syncthreads();
         if (i < Nq && c < d) {
           const int jmax = min(kTile, Nk - j0);
@@ -83,7 +93,9 @@ __global__ void pv_kernel(const float* __restrict__ P, const float* __restrict__
         }
         __syncthreads();
       }
-      if (i < Nq && c < d) O[(static_cast<std::int64_t>(bh) * Nq + i) * d + c] = acc;
+      if (i < Nq && c < d) {
+        O[(static_cast<std::int64_t>(bh) * Nq + i) * d + c] = from_float<Elem>(acc);
+      }
     }
   }
 }
@@ -156,24 +168,31 @@ void launch_gemm_as(const Gemm& g, const float* A, const float* B, float* C, Str
 
 }  // namespace
 
-void launch_scores(const Problem& p, const float* Q, const float* K, float* S, Stream stream) {
+void launch_scores(const Problem& p, const void* Q, const void* K, float* S, Stream stream) {
   const dim3 block(kTile, kTile);
   const dim3 grid(tiles(p.Nk), std::min(tiles(p.Nq), kMaxGridYZ),
                   static_cast<unsigned>(std::min<std::int64_t>(p.heads(), kMaxGridYZ)));
-  scores_kernel<<<grid, block, 0, stream>>>(Q, K, S, static_cast<int>(p.heads()),
-                                            static_cast<int>(p.Nq), static_cast<int>(p.Nk),
-                                            static_cast<int>(p.d),
-                                            static_cast<float>(p.softmax_scale()), p.causal);
+  with_element_type(p.dtype, [&](auto elem) {
+    using Elem = decltype(elem);
+    scores_kernel<Elem><<<grid, block, 0, stream>>>(
+        static_cast<const Elem*>(Q), static_cast<const Elem*>(K), S, static_cast<int>(p.heads()),
+        static_cast<int>(p.Nq), static_cast<int>(p.Nk), static_cast<int>(p.d),
+        static_cast<float>(p.softmax_scale()), p.causal);
+  });
   check_launch("scores_kernel");
 }
 
-void launch_pv(const Problem& p, const float* P, const float* V, float* O, Stream stream) {
+void launch_pv(const Problem& p, const void* P, const void* V, void* O, Stream stream) {
   const dim3 block(kTile, kTile);
   const dim3 grid(tiles(p.d), std::min(tiles(p.Nq), kMaxGridYZ),
                   static_cast<unsigned>(std::min<std::int64_t>(p.heads(), kMaxGridYZ)));
-  pv_kernel<<<grid, block, 0, stream>>>(P, V, O, static_cast<int>(p.heads()),
-                                        static_cast<int>(p.Nq), static_cast<int>(p.Nk),
-                                        static_cast<int>(p.d));
+  with_element_type(p.dtype, [&](auto elem) {
+    using Elem = decltype(elem);
+    pv_kernel<Elem><<<grid, block, 0, stream>>>(
+        static_cast<const Elem*>(P), static_cast<const Elem*>(V), static_cast<Elem*>(O),
+        static_cast<int>(p.heads()), static_cast<int>(p.Nq), static_cast<int>(p.Nk),
+        static_cast<int>(p.d));
+  });
   check_launch("pv_kernel");
 }
 

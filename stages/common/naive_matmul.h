@@ -19,18 +19,21 @@ namespace flashstep {
 inline constexpr int kNaiveTile = 32;
 
 /// Kernel 1: S[b,h,i,j] = scale * Q[b,h,i,:] . K[b,h,j,:], or -inf where the
-/// causal mask hides key j from query i. S is [B, H, Nq, Nk] in device memory.
-void launch_scores(const Problem& p, const float* Q, const float* K, float* S, Stream stream);
+/// causal mask hides key j from query i. Q and K are in p.dtype; S is
+/// [B, H, Nq, Nk] fp32 in device memory.
+void launch_scores(const Problem& p, const void* Q, const void* K, float* S, Stream stream);
 
-/// Kernel 3: O[b,h,i,:] = sum_j P[b,h,i,j] V[b,h,j,:]. P is [B, H, Nq, Nk].
-void launch_pv(const Problem& p, const float* P, const float* V, float* O, Stream stream);
+/// Kernel 3: O[b,h,i,:] = sum_j P[b,h,i,j] V[b,h,j,:], accumulated in fp32.
+/// P [B, H, Nq, Nk], V and O are in p.dtype.
+void launch_pv(const Problem& p, const void* P, const void* V, void* O, Stream stream);
 
 /// Model of kernel 1: Q re-read once per 32-key tile, K once per 32-query
-/// tile, S written once; one scale multiply per score.
+/// tile (p.dtype's bytes), S written once (fp32); one scale multiply per
+/// score. Shared-memory tiles hold fp32.
 Cost scores_cost(const Problem& p);
 
 /// Model of kernel 3: P re-read once per 32-column tile of d, V once per
-/// 32-query tile, O written once.
+/// 32-query tile, O written once (all p.dtype's bytes); fp32 tiles.
 Cost pv_cost(const Problem& p);
 
 /// One batched GEMM: for each of `batch` heads h, C_h = alpha * op(A_h) op(B_h),

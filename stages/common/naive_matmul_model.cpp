@@ -14,10 +14,10 @@ Cost scores_cost(const Problem& p) {
   const std::int64_t loaded = BH * (p.Nq * p.d * tiles(p.Nk) + p.Nk * p.d * tiles(p.Nq));
   const std::int64_t scores = p.score_elems();
   Cost c;
-  c.hbm_read_bytes = loaded * kElemBytes;
-  c.hbm_write_bytes = scores * kElemBytes;
-  c.sram_write_bytes = loaded * kElemBytes;         // each loaded element is staged once
-  c.sram_read_bytes = 2 * scores * p.d * kElemBytes;  // one Q and one K element per FMA
+  c.hbm_read_bytes = loaded * p.elem_bytes();
+  c.hbm_write_bytes = scores * kFloatBytes;
+  c.sram_write_bytes = loaded * kFloatBytes;          // each loaded element is staged once
+  c.sram_read_bytes = 2 * scores * p.d * kFloatBytes;  // one Q and one K element per FMA
   c.matmul_flops = 2 * scores * p.d;
   c.nonmatmul_flops = scores;  // the scale multiply
   c.thread_blocks = BH * tiles(p.Nq) * tiles(p.Nk);
@@ -30,10 +30,10 @@ Cost pv_cost(const Problem& p) {
   // it produces: P is read once per 32-column tile of d, V once per query tile.
   const std::int64_t loaded = BH * (p.Nq * p.Nk * tiles(p.d) + p.Nk * p.d * tiles(p.Nq));
   Cost c;
-  c.hbm_read_bytes = loaded * kElemBytes;
-  c.hbm_write_bytes = p.q_elems() * kElemBytes;
-  c.sram_write_bytes = loaded * kElemBytes;
-  c.sram_read_bytes = 2 * p.score_elems() * p.d * kElemBytes;
+  c.hbm_read_bytes = loaded * p.elem_bytes();
+  c.hbm_write_bytes = p.q_elems() * p.elem_bytes();
+  c.sram_write_bytes = loaded * kFloatBytes;
+  c.sram_read_bytes = 2 * p.score_elems() * p.d * kFloatBytes;
   c.matmul_flops = 2 * p.score_elems() * p.d;
   c.thread_blocks = BH * tiles(p.Nq) * tiles(p.d);
   return c;
@@ -45,11 +45,12 @@ Cost gemm_cost(const Gemm& g) {
   // tile. Transposes change the order of the loads, not their number.
   const std::int64_t loaded = g.batch * (g.M * g.K * tiles(g.N) + g.K * g.N * tiles(g.M));
   const std::int64_t outputs = g.batch * g.M * g.N;
+  // The GEMMs are fp32 kernels (stage 02's backward runs in fp32 only).
   Cost c;
-  c.hbm_read_bytes = loaded * kElemBytes;
-  c.hbm_write_bytes = outputs * kElemBytes;
-  c.sram_write_bytes = loaded * kElemBytes;            // each loaded element is staged once
-  c.sram_read_bytes = 2 * outputs * g.K * kElemBytes;  // an op(A) and an op(B) element per FMA
+  c.hbm_read_bytes = loaded * kFloatBytes;
+  c.hbm_write_bytes = outputs * kFloatBytes;
+  c.sram_write_bytes = loaded * kFloatBytes;            // each loaded element is staged once
+  c.sram_read_bytes = 2 * outputs * g.K * kFloatBytes;  // an op(A) and an op(B) element per FMA
   c.matmul_flops = 2 * outputs * g.K;
   c.nonmatmul_flops = g.alpha != 1.0f ? outputs : 0;   // the alpha multiply, skipped at 1
   c.thread_blocks = g.batch * tiles(g.M) * tiles(g.N);

@@ -34,8 +34,9 @@ DType parse_dtype(std::string_view name);
 /// Bytes of one element: 4 for fp32, 2 for fp16 and bf16.
 constexpr std::int64_t dtype_bytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
 
-/// Bytes in one element: stages 01-06 are fp32 throughout.
-inline constexpr std::int64_t kElemBytes = 4;
+/// Bytes of one fp32 value: L, the statistics l and m, and the fp32
+/// workspaces, in every element type.
+inline constexpr std::int64_t kFloatBytes = 4;
 
 /// One attention forward problem. Tensors are row-major and contiguous:
 /// Q [B, H, Nq, d], K and V [B, H, Nk, d], O [B, H, Nq, d] in `dtype`;

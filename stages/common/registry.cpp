@@ -8,13 +8,12 @@
 namespace flashstep {
 
 bool float4_ok(const Problem& p, const ForwardTensors& t) {
-  constexpr std::uintptr_t kFloat4Bytes = 16;
-  constexpr std::int64_t kFloatsPerFloat4 = 4;
+  constexpr std::int64_t kFloat4Bytes = 16;
   auto aligned = [](const void* ptr) {
     return reinterpret_cast<std::uintptr_t>(ptr) % kFloat4Bytes == 0;
   };
-  return p.d % kFloatsPerFloat4 == 0 && aligned(t.Q) && aligned(t.K) && aligned(t.V) &&
-         aligned(t.O);
+  return p.d * p.elem_bytes() % kFloat4Bytes == 0 && aligned(t.Q) && aligned(t.K) &&
+         aligned(t.V) && aligned(t.O);
 }
 
 std::vector<const Stage*> select_stages(std::string_view selector) {

@@ -103,7 +103,8 @@ float fp16_value(std::uint16_t h) {
     return float_of(sign | kInfBits | (fraction << kFractionShift));
   }
   if (exponent != 0) {
-    return float_of(sign | ((exponent << kFp32FractionBits) + kRebias) | (fraction << kFractionShift));
+    const std::uint32_t rebiased = (exponent << kFp32FractionBits) + kRebias;
+    return float_of(sign | rebiased | (fraction << kFractionShift));
   }
   const float magnitude = std::ldexp(static_cast<float>(fraction), kFp16SubnormalExponent);
   return sign ? -magnitude : magnitude;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -19,21 +20,27 @@ namespace flashstep {
 /// A CUDA stream (the runtime's cudaStream_t), without including CUDA headers.
 using Stream = CUstream_st*;
 
-/// Device pointers of one forward run. All fp32, row-major, contiguous.
+/// Device pointers of one forward run, row-major and contiguous. Q, K, V and O
+/// hold elements of p.dtype (float, __half or __nv_bfloat16 on the device:
+/// a stage casts them to that type where it reads or writes them); L is fp32
+/// in every type.
 struct ForwardTensors {
-  const float* Q = nullptr;  ///< [B, H, Nq, d]
-  const float* K = nullptr;  ///< [B, H, Nk, d]
-  const float* V = nullptr;  ///< [B, H, Nk, d]
-  float* O = nullptr;        ///< [B, H, Nq, d]
+  const void* Q = nullptr;   ///< [B, H, Nq, d], p.dtype
+  const void* K = nullptr;   ///< [B, H, Nk, d], p.dtype
+  const void* V = nullptr;   ///< [B, H, Nk, d], p.dtype
+  void* O = nullptr;         ///< [B, H, Nq, d], p.dtype
   float* L = nullptr;        ///< [B, H, Nq]; may be null for a stage that does not write it
   void* workspace = nullptr; ///< Stage::workspace_bytes(problem) bytes, 256-byte aligned
 };
 
-/// Whether a kernel may use 16-byte (float4) accesses on these tensors: every
-/// row of Q, K, V and O starts 16-byte aligned (d % 4 == 0 and aligned bases).
+/// Whether a kernel may use 16-byte (float4-sized) accesses on these tensors:
+/// every row of Q, K, V and O starts 16-byte aligned (d * p.elem_bytes() a
+/// multiple of 16, so d % 4 == 0 in fp32 and d % 8 == 0 in fp16/bf16, and
+/// aligned bases).
 bool float4_ok(const Problem& p, const ForwardTensors& t);
 
-/// Host pointers for a CPU mirror: the same layout as ForwardTensors.
+/// Host pointers for a CPU mirror: the same layout as ForwardTensors, in fp32
+/// (the mirrors compute in fp32).
 struct HostTensors {
   const float* Q = nullptr;  ///< [B, H, Nq, d]
   const float* K = nullptr;  ///< [B, H, Nk, d]
@@ -43,18 +50,19 @@ struct HostTensors {
 };
 
 /// Device pointers of one backward run, made after the forward ran on the same
-/// Q, K, V (its O, L and workspace are what the backward reads). All fp32,
-/// row-major, contiguous. The loss is sum(O o dO), so dO is its gradient in O.
+/// Q, K, V (its O, L and workspace are what the backward reads). Row-major,
+/// contiguous; Q, K, V, O, dO, dQ, dK and dV hold elements of p.dtype (as in
+/// ForwardTensors), L is fp32. The loss is sum(O o dO), so dO is its gradient in O.
 struct BackwardTensors {
-  const float* Q = nullptr;   ///< [B, H, Nq, d]
-  const float* K = nullptr;   ///< [B, H, Nk, d]
-  const float* V = nullptr;   ///< [B, H, Nk, d]
-  const float* O = nullptr;   ///< [B, H, Nq, d], the forward's output
+  const void* Q = nullptr;    ///< [B, H, Nq, d], p.dtype
+  const void* K = nullptr;    ///< [B, H, Nk, d], p.dtype
+  const void* V = nullptr;    ///< [B, H, Nk, d], p.dtype
+  const void* O = nullptr;    ///< [B, H, Nq, d], p.dtype, the forward's output
   const float* L = nullptr;   ///< [B, H, Nq], the forward's logsumexp
-  const float* dO = nullptr;  ///< [B, H, Nq, d], dLoss/dO
-  float* dQ = nullptr;        ///< [B, H, Nq, d], written
-  float* dK = nullptr;        ///< [B, H, Nk, d], written
-  float* dV = nullptr;        ///< [B, H, Nk, d], written
+  const void* dO = nullptr;   ///< [B, H, Nq, d], p.dtype, dLoss/dO
+  void* dQ = nullptr;         ///< [B, H, Nq, d], p.dtype, written
+  void* dK = nullptr;         ///< [B, H, Nk, d], p.dtype, written
+  void* dV = nullptr;         ///< [B, H, Nk, d], p.dtype, written
   /// The forward's workspace as the forward left it: what a stage saves for its
   /// backward, as autograd saves tensors (stage 02: P). Read only.
   const void* saved = nullptr;
@@ -104,7 +112,25 @@ struct Stage {
   ModelFn backward_model = nullptr;  ///< the backward's traffic and FLOPs, closed form
   BackwardMirrorFn backward_mirror = nullptr;  ///< CPU mirror of the backward, or null
   std::string_view known_failure;  ///< empty, or what it knowingly gets wrong
+  /// The element types the forward runs in, its native one first (what the
+  /// CLI runs it in unless told otherwise). fp32 unless a stage says more.
+  std::vector<DType> dtypes = {DType::kFp32};
+  /// The element types the backward runs in (when there is one).
+  std::vector<DType> backward_dtypes = {DType::kFp32};
+
+  /// Whether the forward runs in `t`.
+  bool supports(DType t) const;
+  /// Whether the stage has a backward and it runs in `t`.
+  bool backward_supports(DType t) const;
 };
+
+/// Throws flashstep::Error unless `stage`'s forward (or, with `backward`, its
+/// backward) runs in `t`; the message names the types it has, e.g. "stage
+/// 04_fa2_q_outer does not run in bf16 (it runs in fp32)".
+void require_dtype(const Stage& stage, DType t, bool backward = false);
+
+/// "fp32", "fp16, bf16": a list of types for messages.
+std::string dtype_list(const std::vector<DType>& types);
 
 /// Every registered stage, in stage order. Built from the list in
 /// stages/CMakeLists.txt: adding a stage is adding its folder and one line there.

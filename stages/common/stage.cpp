@@ -1,0 +1,35 @@
+// The element types a stage runs in (stage.h). In flashstep_common, beside
+// the runner that checks them, rather than with the registry.
+#include <algorithm>
+#include <string>
+
+#include "error.h"
+#include "stage.h"
+
+namespace flashstep {
+
+bool Stage::supports(DType t) const {
+  return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
+}
+
+bool Stage::backward_supports(DType t) const {
+  return backward != nullptr &&
+         std::find(backward_dtypes.begin(), backward_dtypes.end(), t) != backward_dtypes.end();
+}
+
+std::string dtype_list(const std::vector<DType>& types) {
+  std::string out;
+  for (DType t : types) out += (out.empty() ? "" : ", ") + std::string(dtype_name(t));
+  return out;
+}
+
+void require_dtype(const Stage& stage, DType t, bool backward) {
+  const std::string name(stage.name);
+  if (backward && !stage.backward) throw Error("stage " + name + " has no backward pass");
+  if (backward ? stage.backward_supports(t) : stage.supports(t)) return;
+  throw Error("stage " + name + (backward ? "'s backward" : "") + " does not run in " +
+              std::string(dtype_name(t)) + " (it runs in " +
+              dtype_list(backward ? stage.backward_dtypes : stage.dtypes) + ")");
+}
+
+}  // namespace flashstep
