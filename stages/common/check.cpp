@@ -4,6 +4,9 @@
 #include <random>
 #include <sstream>
 
+#include "error.h"
+#include "rounding.h"
+
 namespace flashstep {
 
 namespace {
@@ -77,6 +80,72 @@ Comparison compare(const float* got, const std::vector<double>& want, Tolerance 
     }
   }
   c.first_mismatches = first.str();
+  return c;
+}
+
+ForwardTruth forward_truth(const Problem& p, const Inputs& in, std::int64_t row_step) {
+  ForwardTruth truth;
+  truth.dtype = p.dtype;
+  if (p.dtype == DType::kFp32) {
+    truth.reference = reference_forward_rows(p, in.Q.data(), in.K.data(), in.V.data(), row_step);
+    return truth;
+  }
+  Inputs rounded = in;
+  for (std::vector<float>* x : {&rounded.Q, &rounded.K, &rounded.V}) {
+    round_to_dtype(p.dtype, x->data(), static_cast<std::int64_t>(x->size()));
+  }
+  truth.reference = reference_forward_rows(p, rounded.Q.data(), rounded.K.data(),
+                                           rounded.V.data(), row_step);
+  truth.naive_O = naive_low_precision_rows(p, rounded.Q.data(), rounded.K.data(),
+                                           rounded.V.data(), row_step);
+  return truth;
+}
+
+bool ForwardCheck::ok() const {
+  return O.ok() && O.checked > 0 && (!L || (L->ok() && L->checked > 0));
+}
+
+std::string ForwardCheck::summary() const {
+  std::ostringstream s;
+  s.precision(3);
+  s << "O: " << O.summary();
+  if (dtype != DType::kFp32) {
+    s << " (bound " << o_tolerance.atol << " = 2 x the naive low-precision error " << naive_error
+      << " + " << kLowPrecisionFloor << ")";
+  }
+  if (O.checked == 0) s << " (nothing compared: unchecked, not a pass)";
+  if (L) {
+    s << "; L: " << L->summary();
+    if (L->checked == 0) s << " (nothing compared: unchecked, not a pass)";
+  }
+  return s.str();
+}
+
+ForwardCheck check_forward(const Problem& p, const float* O, const float* L,
+                           const ForwardTruth& truth) {
+  if (truth.dtype != p.dtype) {
+    throw Error("check_forward: the reference was computed from " +
+                std::string(dtype_name(truth.dtype)) + " inputs, the run is " +
+                std::string(dtype_name(p.dtype)));
+  }
+  const std::vector<double>& want = truth.reference.O;
+  ForwardCheck c;
+  c.dtype = p.dtype;
+  c.o_tolerance = kFp32Tolerance;
+  if (p.dtype != DType::kFp32) {
+    // Elements where both are finite: a naive NaN or inf must not widen the bound.
+    for (size_t k = 0; k < want.size(); ++k) {
+      const double naive = truth.naive_O[k];
+      if (std::isfinite(want[k]) && std::isfinite(naive)) {
+        c.naive_error = std::max(c.naive_error, std::abs(naive - want[k]));
+      }
+    }
+    // max |O - O_ref| <= bound is every element within the bound: compare's
+    // absolute part with no relative part.
+    c.o_tolerance = {2.0 * c.naive_error + kLowPrecisionFloor, 0.0};
+  }
+  c.O = compare(O, want, c.o_tolerance);
+  if (L) c.L = compare(L, truth.reference.L, kFp32Tolerance);
   return c;
 }
 

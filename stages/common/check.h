@@ -1,12 +1,15 @@
 /// \file check.h
-/// \brief Inputs from a seed, and comparison against the fp64 reference.
+/// \brief Inputs from a seed, and comparison against the fp64 reference: the
+/// fp32 bound, and FlashAttention's rule for fp16 and bf16.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "problem.h"
+#include "reference.h"
 
 namespace flashstep {
 
@@ -69,5 +72,66 @@ struct Comparison {
 /// Compares got (fp32) with want (fp64). Infinite reference values must be
 /// matched exactly; a NaN reference element marks "not computed" and is skipped.
 Comparison compare(const float* got, const std::vector<double>& want, Tolerance tol);
+
+/// The low-precision rule, FlashAttention's own (its tests'
+/// `(out - out_ref).abs().max() <= 2 * (out_pt - out_ref).abs().max()`): a
+/// stage in fp16 or bf16 passes when
+///
+///   max |O - O_ref| <= 2 max |O_naive - O_ref| + kLowPrecisionFloor
+///
+/// where O_ref is the fp64 reference computed from the inputs rounded to the
+/// type (what the stage actually saw, so input rounding is no one's error),
+/// and O_naive is the same attention done naively in that type
+/// (naive_low_precision_rows: S and softmax in fp32, P and O rounded to the
+/// type). Why: no fixed tolerance fits every problem, since rounding P and O
+/// to 8 or 11 significant bits costs more or less depending on the sizes and
+/// the data; measured against what the plain computation in that type loses
+/// on the same inputs, a kernel passes when it loses at most twice that, and
+/// a wrong scale, mask or rescale, which errs by far more, fails. The floor
+/// covers problems on which the naive computation is exact (a row that sees
+/// one key: O = V in both) and a correct kernel may still differ by fp32's
+/// last bits: it is the fp32 bound's absolute part.
+inline constexpr double kLowPrecisionFloor = kFp32Tolerance.atol;
+
+/// What a forward's O and L are checked against: the fp64 reference computed
+/// from the inputs rounded to p.dtype, and in fp16/bf16 the naive O in that
+/// type. Rows the reference leaves out (row_step > 1) are NaN in both.
+struct ForwardTruth {
+  DType dtype = DType::kFp32;   ///< the element type the inputs were rounded to
+  ReferenceResult reference;    ///< fp64 O [B,H,Nq,d] and L [B,H,Nq]
+  std::vector<double> naive_O;  ///< fp16/bf16 only: naive_low_precision_rows; empty in fp32
+};
+
+/// The truth for p.dtype from the host inputs as drawn or loaded (fp32, not
+/// yet rounded: this rounds a copy, as the runner rounds what it sends to the
+/// device), on query rows 0, row_step, 2*row_step, ... of every head.
+ForwardTruth forward_truth(const Problem& p, const Inputs& in, std::int64_t row_step = 1);
+
+/// The verdict on one forward run's O and L.
+struct ForwardCheck {
+  DType dtype = DType::kFp32;  ///< the run's element type, which picks the rule
+  Comparison O;                ///< O against the reference, within o_tolerance
+  std::optional<Comparison> L; ///< L against the reference, within kFp32Tolerance; or unchecked
+  Tolerance o_tolerance{};     ///< fp32: kFp32Tolerance; fp16/bf16: {2 naive error + floor, 0}
+  double naive_error = 0.0;    ///< fp16/bf16: max |O_naive - O_ref| over the rows compared
+
+  /// Every compared element within its bound, and at least one element of O
+  /// (and of L, when checked) compared: a check that checked nothing is no pass.
+  bool ok() const;
+  /// One line: the O comparison (with the low-precision bound and where it
+  /// comes from), then L's.
+  std::string summary() const;
+};
+
+/// Checks a stage's O [B,H,Nq,d] and, unless L is null, L [B,H,Nq] (both
+/// fp32, as DeviceRun returns them) against `truth`: O by kFp32Tolerance in
+/// fp32 and by the low-precision rule above in fp16 and bf16; L by
+/// kFp32Tolerance in every type. L stays fp32 in every stage, and its path
+/// (S in fp32 from the rounded inputs, the row max, the fp32 sum of exp) never
+/// rounds to 16 bits, so it owes the fp32 accuracy against the reference from
+/// the same rounded inputs. Throws flashstep::Error when `truth` was made for
+/// another element type than p.dtype.
+ForwardCheck check_forward(const Problem& p, const float* O, const float* L,
+                           const ForwardTruth& truth);
 
 }  // namespace flashstep

@@ -1,8 +1,11 @@
 #include "reference.h"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "rounding.h"
 
 namespace flashstep {
 
@@ -92,6 +95,35 @@ ReferenceResult reference_forward(const Problem& p, const double* Q, const doubl
 ReferenceResult reference_forward_rows(const Problem& p, const float* Q, const float* K,
                                        const float* V, std::int64_t row_step) {
   return forward_rows(p, Q, K, V, row_step);
+}
+
+std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, const float* K,
+                                             const float* V, std::int64_t row_step) {
+  using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  std::vector<double> O(static_cast<size_t>(p.q_elems()), std::numeric_limits<double>::quiet_NaN());
+  const auto scale = static_cast<float>(p.softmax_scale());  // the kernels' fp32 scale
+  const DType t = p.dtype;
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    const auto Kh = ConstMap<float>(K + bh * p.Nk * p.d, p.Nk, p.d);
+    const auto Vh = ConstMap<float>(V + bh * p.Nk * p.d, p.Nk, p.d);
+    for (std::int64_t i = 0; i < p.Nq; i += row_step) {
+      double* Oi = O.data() + (bh * p.Nq + i) * p.d;
+      const std::int64_t visible = p.visible_keys(i);
+      if (visible == 0) {  // the contract: a row that sees no key gives O = 0
+        std::fill(Oi, Oi + p.d, 0.0);
+        continue;
+      }
+      const auto qi = ConstMap<float>(Q + (bh * p.Nq + i) * p.d, 1, p.d);
+      const MatrixF s = scale * (qi * Kh.topRows(visible).transpose());
+      const MatrixF e = (s.array() - s.maxCoeff()).exp().matrix();
+      MatrixF P = e / e.sum();
+      round_to_dtype(t, P.data(), P.size());
+      MatrixF o = P * Vh.topRows(visible);
+      round_to_dtype(t, o.data(), o.size());
+      for (std::int64_t k = 0; k < p.d; ++k) Oi[k] = o(0, k);
+    }
+  }
+  return O;
 }
 
 ReferenceGradients reference_backward(const Problem& p, const float* Q, const float* K,

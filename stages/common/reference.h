@@ -51,4 +51,14 @@ ReferenceGradients reference_backward(const Problem& p, const double* Q, const d
 ReferenceResult reference_forward_rows(const Problem& p, const float* Q, const float* K,
                                        const float* V, std::int64_t row_step);
 
+/// O [B,H,Nq,d] of attention done naively in p.dtype (fp16 or bf16) on the
+/// host: standard attention in half precision, whose error sets the bound of
+/// the low-precision check (check.h). From Q, K, V as given (already rounded
+/// to p.dtype), S = scale Q K^T and its softmax in fp32, P rounded to p.dtype,
+/// O = P V summed in fp32 and rounded to p.dtype. Stage 02 runs exactly this
+/// on the GPU. Rows 0, row_step, 2*row_step, ... of every head; the other rows
+/// are NaN, as in reference_forward_rows.
+std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, const float* K,
+                                             const float* V, std::int64_t row_step);
+
 }  // namespace flashstep
