@@ -1,5 +1,8 @@
-// The shared GPU test body: every selected stage against the fp64 reference on
-// the ragged grid, causal and not, outputs poisoned before each run.
+// The shared GPU test body: every selected stage, in each element type it
+// runs in, against the fp64 reference on the ragged grid, causal and not,
+// outputs poisoned before each run. fp32 is held to kFp32Tolerance, fp16 and
+// bf16 to FlashAttention's rule (common/check.h); the backwards, fp32 only
+// today, to kFp32GradTolerance.
 //
 //   test_gpu --stage=03     stages whose name starts "03_" (what CTest runs)
 //   test_gpu                every registered stage
@@ -25,6 +28,7 @@
 #include "shapes.h"
 
 using flashstep::DeviceRun;
+using flashstep::DType;
 using flashstep::Problem;
 using flashstep::Stage;
 
@@ -45,14 +49,18 @@ Outputs run_stage(const Stage& s, const Problem& p, const flashstep::Inputs& in)
   return out;
 }
 
-// O (and L, for a stage that writes it) against the fp64 reference.
-void check_outputs(const Stage& s, const Outputs& got, const flashstep::ReferenceResult& ref) {
-  const auto o = flashstep::compare(got.O.data(), ref.O, flashstep::kFp32Tolerance);
-  CHECK_MESSAGE(o.ok(), "O: " << o.summary());
-  if (s.writes_lse) {
-    const auto l = flashstep::compare(got.L.data(), ref.L, flashstep::kFp32Tolerance);
-    CHECK_MESSAGE(l.ok(), "L: " << l.summary());
-  }
+// O (and L, for a stage that writes it) against the truth, by p.dtype's rule.
+void check_outputs(const Stage& s, const Problem& p, const Outputs& got,
+                   const flashstep::ForwardTruth& truth) {
+  const auto c = flashstep::check_forward(p, got.O.data(), s.writes_lse ? got.L.data() : nullptr,
+                                          truth);
+  CHECK_MESSAGE(c.ok(), c.summary());
+}
+
+// p in the element type t.
+Problem typed(Problem p, DType t) {
+  p.dtype = t;
+  return p;
 }
 
 bool all_finite(const std::vector<float>& v) {
@@ -64,22 +72,24 @@ bool all_finite(const std::vector<float>& v) {
 
 }  // namespace
 
-TEST_CASE("every stage matches the fp64 reference on the ragged grid, causal and not") {
+TEST_CASE("every stage, in each of its types, matches the reference on the ragged grid") {
   std::uint64_t seed = 1000;
   for (const Stage* s : selected()) {
-    for (const Problem& p : flashstep::test::ragged_problems()) {
-      CAPTURE(s->name);
-      CAPTURE(p.describe());
-      const auto in = flashstep::random_inputs(p, seed++);  // fresh data for every check
-      const Outputs got = run_stage(*s, p, in);
-      const auto ref = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
-      check_outputs(*s, got, ref);
-      // Rows that see no key: exactly O = 0 and L = -inf, never NaN.
-      for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
-        for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
-          const std::int64_t row = bh * p.Nq + i;
-          for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.O[row * p.d + k] == 0.0f);
-          if (s->writes_lse) REQUIRE(got.L[row] == -INFINITY);
+    for (DType t : s->dtypes) {
+      for (const Problem& ragged : flashstep::test::ragged_problems()) {
+        const Problem p = typed(ragged, t);
+        CAPTURE(s->name);
+        CAPTURE(p.describe());
+        const auto in = flashstep::random_inputs(p, seed++);  // fresh data for every check
+        const Outputs got = run_stage(*s, p, in);
+        check_outputs(*s, p, got, flashstep::forward_truth(p, in));
+        // Rows that see no key: exactly O = 0 and L = -inf, never NaN.
+        for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+          for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+            const std::int64_t row = bh * p.Nq + i;
+            for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.O[row * p.d + k] == 0.0f);
+            if (s->writes_lse) REQUIRE(got.L[row] == -INFINITY);
+          }
         }
       }
     }
@@ -87,26 +97,32 @@ TEST_CASE("every stage matches the fp64 reference on the ragged grid, causal and
 }
 
 TEST_CASE("logits beyond fp32 exp's range (~88.7): only a stage that declares it fails") {
-  Problem p;
-  p.B = 1;
-  p.H = 2;
-  p.Nq = 37;
-  p.Nk = 45;
-  p.d = 64;
-  auto in = flashstep::random_inputs(p, 77);
-  // Q and K rows near 4: logits near 64 * 16 / sqrt(64) = 128 > 88.7.
-  for (float& x : in.Q) x = 4.0f + 0.01f * x;
-  for (float& x : in.K) x = 4.0f + 0.01f * x;
-  const auto ref = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
   for (const Stage* s : selected()) {
-    CAPTURE(s->name);
-    const Outputs got = run_stage(*s, p, in);
-    if (!s->known_failure.empty()) {
-      // Stage 01 knowingly fails here: exp overflows and the rows become NaN.
-      CHECK_FALSE(all_finite(got.O));
-      MESSAGE("stage " << s->name << " knowingly fails on logits near 128: " << s->known_failure);
-    } else {
-      check_outputs(*s, got, ref);
+    for (DType t : s->dtypes) {
+      Problem p;
+      p.B = 1;
+      p.H = 2;
+      p.Nq = 37;
+      p.Nk = 45;
+      p.d = 64;
+      p.dtype = t;
+      CAPTURE(s->name);
+      CAPTURE(p.describe());
+      auto in = flashstep::random_inputs(p, 77);
+      // Q and K rows near 4: logits near 64 * 16 / sqrt(64) = 128 > 88.7. The
+      // spread must survive rounding to the type: bf16's spacing near 4 is
+      // 1/32, which would flatten fp32's 0.01 to equal rows.
+      const float spread = t == DType::kFp32 ? 0.01f : 0.25f;
+      for (float& x : in.Q) x = 4.0f + spread * x;
+      for (float& x : in.K) x = 4.0f + spread * x;
+      const Outputs got = run_stage(*s, p, in);
+      if (!s->known_failure.empty()) {
+        // Stage 01 knowingly fails here: exp overflows and the rows become NaN.
+        CHECK_FALSE(all_finite(got.O));
+        MESSAGE("stage " << s->name << " knowingly fails on logits near 128: " << s->known_failure);
+      } else {
+        check_outputs(*s, p, got, flashstep::forward_truth(p, in));
+      }
     }
   }
 }
@@ -120,60 +136,73 @@ TEST_CASE("NaN in Q or K reaches exactly the rows it touches; the rest stay righ
   // in V is not tested this way: a kernel multiplies whole tiles of V, and
   // 0 x NaN = NaN reaches rows that give that key zero weight, as in
   // PyTorch's math backend; flashstep.h says so.)
-  Problem p;
-  p.B = 1;
-  p.H = 2;
-  p.Nq = 100;
-  p.Nk = 130;
-  p.d = 64;
-  p.causal = true;
-  auto in = flashstep::random_inputs(p, 91);
-  const float nan = std::nanf("");
-  in.Q[(0 * p.Nq + 17) * p.d + 5] = nan;    // head 0, row 17: that row of O
-  in.K[(1 * p.Nk + 120) * p.d + 3] = nan;   // head 1, key 120: rows that see it
-  const auto ref = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
-  std::int64_t poisoned = 0;
-  for (double x : ref.O) poisoned += std::isnan(x) ? 1 : 0;
-  REQUIRE(poisoned > 0);
-  REQUIRE(poisoned < static_cast<std::int64_t>(ref.O.size()));
   for (const Stage* s : selected()) {
-    CAPTURE(s->name);
-    const Outputs got = run_stage(*s, p, in);
-    std::int64_t wrong_nan = 0;
-    for (size_t e = 0; e < ref.O.size(); ++e) {
-      wrong_nan += std::isnan(ref.O[e]) != std::isnan(got.O[e]) ? 1 : 0;
+    for (DType t : s->dtypes) {
+      Problem p;
+      p.B = 1;
+      p.H = 2;
+      p.Nq = 100;
+      p.Nk = 130;
+      p.d = 64;
+      p.causal = true;
+      p.dtype = t;
+      CAPTURE(s->name);
+      CAPTURE(p.describe());
+      auto in = flashstep::random_inputs(p, 91);
+      const float nan = std::nanf("");
+      in.Q[(0 * p.Nq + 17) * p.d + 5] = nan;    // head 0, row 17: that row of O
+      in.K[(1 * p.Nk + 120) * p.d + 3] = nan;   // head 1, key 120: rows that see it
+      const auto truth = flashstep::forward_truth(p, in);
+      const std::vector<double>& ref_O = truth.reference.O;
+      std::int64_t poisoned = 0;
+      for (double x : ref_O) poisoned += std::isnan(x) ? 1 : 0;
+      REQUIRE(poisoned > 0);
+      REQUIRE(poisoned < static_cast<std::int64_t>(ref_O.size()));
+      const Outputs got = run_stage(*s, p, in);
+      std::int64_t wrong_nan = 0;
+      for (size_t e = 0; e < ref_O.size(); ++e) {
+        wrong_nan += std::isnan(ref_O[e]) != std::isnan(got.O[e]) ? 1 : 0;
+      }
+      CHECK_MESSAGE(wrong_nan == 0, wrong_nan << " elements of O are NaN where the reference's "
+                                                 "are not, or the other way round");
+      const auto o = flashstep::check_forward(p, got.O.data(), nullptr, truth);
+      CHECK_MESSAGE(o.ok(), "NaN elements skipped: " << o.summary());
     }
-    CHECK_MESSAGE(wrong_nan == 0, wrong_nan << " elements of O are NaN where the reference's "
-                                               "are not, or the other way round");
-    const auto o = flashstep::compare(got.O.data(), ref.O, flashstep::kFp32Tolerance);
-    CHECK_MESSAGE(o.ok(), "O (NaN elements skipped): " << o.summary());
   }
 }
 
 TEST_CASE("two runs on the same input give bit-identical outputs (no races)") {
-  Problem p;
-  p.B = 2;
-  p.H = 2;
-  p.Nq = 777;
-  p.Nk = 1031;
-  p.d = 72;
-  p.causal = true;
-  const auto in = flashstep::random_inputs(p, 5);
   for (const Stage* s : selected()) {
-    CAPTURE(s->name);
-    const Outputs a = run_stage(*s, p, in);
-    const Outputs b = run_stage(*s, p, in);
-    CHECK(std::memcmp(a.O.data(), b.O.data(), a.O.size() * sizeof(float)) == 0);
-    if (s->writes_lse) CHECK(std::memcmp(a.L.data(), b.L.data(), a.L.size() * sizeof(float)) == 0);
+    for (DType t : s->dtypes) {
+      Problem p;
+      p.B = 2;
+      p.H = 2;
+      p.Nq = 777;
+      p.Nk = 1031;
+      p.d = 72;
+      p.causal = true;
+      p.dtype = t;
+      CAPTURE(s->name);
+      CAPTURE(p.describe());
+      const auto in = flashstep::random_inputs(p, 5);
+      const Outputs a = run_stage(*s, p, in);
+      const Outputs b = run_stage(*s, p, in);
+      CHECK(std::memcmp(a.O.data(), b.O.data(), a.O.size() * sizeof(float)) == 0);
+      if (s->writes_lse) {
+        CHECK(std::memcmp(a.L.data(), b.L.data(), a.L.size() * sizeof(float)) == 0);
+      }
+    }
   }
 }
 
 namespace {
 
+// The stages whose backward runs in fp32: the backward tests run in fp32,
+// the one type any backward has today, against kFp32GradTolerance.
 std::vector<const Stage*> with_backward() {
   std::vector<const Stage*> out;
   for (const Stage* s : selected()) {
-    if (s->backward) out.push_back(s);
+    if (s->backward_supports(DType::kFp32)) out.push_back(s);
   }
   return out;
 }
@@ -236,14 +265,18 @@ TEST_CASE("more heads than a grid axis holds (B * H > 65535): every forward and 
     CAPTURE(p.describe());
     const auto in = flashstep::random_inputs(p, 93);
     const auto dO = flashstep::random_output_grad(p, 94);
-    const auto ref = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
     const auto ref_grad =
         flashstep::reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
     for (const Stage* s : selected()) {
       CAPTURE(s->name);
-      const Outputs got = run_stage(*s, p, in);
-      check_outputs(*s, got, ref);
-      if (s->backward) check_gradients(run_backward(*s, p, in, dO), ref_grad);
+      for (DType t : s->dtypes) {
+        const Problem pt = typed(p, t);
+        CAPTURE(pt.describe());
+        check_outputs(*s, pt, run_stage(*s, pt, in), flashstep::forward_truth(pt, in));
+      }
+      if (s->backward_supports(DType::kFp32)) {
+        check_gradients(run_backward(*s, p, in, dO), ref_grad);
+      }
     }
   }
 }
@@ -311,6 +344,7 @@ TEST_CASE("a problem too large for device memory is refused with a clear error, 
   p.d = 64;
   const flashstep::Inputs none;  // never read: the check comes first
   for (const Stage* s : selected()) {
+    p.dtype = s->dtypes.front();
     if (flashstep::device_bytes_needed(*s, p) < flashstep::device_info().total_bytes) continue;
     CAPTURE(s->name);
     CHECK_THROWS_WITH_AS(DeviceRun(*s, p, none.Q.data(), none.K.data(), none.V.data()),

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "common/check.h"
+#include "common/device.h"
 #include "common/reference.h"
 #include "common/stage.h"
 #include "check_cost.h"
@@ -52,6 +53,38 @@ TEST_CASE("CPU mirrors match the fp64 reference and count exactly what their mod
     }
   }
   CHECK(mirrors >= 2);  // stages 03 and 04 have mirrors
+}
+
+TEST_CASE("models count 2-byte Q, K, V and O in fp16 and bf16; L, S and fp32 workspaces stay 4") {
+  using flashstep::DType;
+  for (bool causal : {false, true}) {
+    Problem p = make_problem(2, 3, 100, 130, 40, causal);
+    Problem half = p;
+    half.dtype = DType::kBf16;
+    const std::int64_t q = p.q_elems(), kv = p.kv_elems(), S = p.score_elems(), rows = p.lse_elems();
+    for (const Stage& s : flashstep::all_stages()) {
+      CAPTURE(s.name);
+      const Cost full = s.model(p), low = s.model(half);
+      CHECK(low.hbm_read_bytes < full.hbm_read_bytes);
+      CHECK(low.hbm_write_bytes < full.hbm_write_bytes);
+      CHECK(low.matmul_flops == full.matmul_flops);
+      CHECK(low.nonmatmul_flops == full.nonmatmul_flops);
+      // The runner's allocation: Q, K, V and O halve, L does not.
+      CHECK(flashstep::device_bytes_needed(s, p) - flashstep::device_bytes_needed(s, half) ==
+            (2 * q + 2 * kv) * 2 + s.workspace_bytes(p) - s.workspace_bytes(half));
+    }
+    // Stage 02 in bf16: S stays fp32, P (2 bytes) gets its own array after it.
+    const Stage& s02 = stage_named("02_safe_softmax");
+    CHECK(s02.model(half).hbm_write_bytes == S * 4 + S * 2 + q * 2 + rows * 4);
+    CHECK(s02.workspace_bytes(half) >= S * 4 + S * 2);
+    CHECK(s02.workspace_bytes(p) == S * 4);  // fp32: P over S
+    // Stage 03 in bf16: Q, K, V and the final O at 2 bytes; the running O_i
+    // makes its Tc round trips in fp32 (O_acc, q * 4 bytes of workspace).
+    const Stage& s03 = stage_named("03_fa1_kv_outer");
+    CHECK(s03.model(p).hbm_write_bytes - s03.model(half).hbm_write_bytes == q * 2);
+    CHECK(s03.workspace_bytes(half) == q * 4 + 2 * rows * 4);
+    CHECK(s03.workspace_bytes(p) == 2 * rows * 4);
+  }
 }
 
 TEST_CASE("stages 01 and 02 write S and P, each B*H*Nq*Nk floats, to HBM") {

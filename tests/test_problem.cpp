@@ -1,8 +1,11 @@
-// The contract's rules: validation, the causal mask, the FLOP convention.
+// The contract's rules: validation, the causal mask, the FLOP convention, the
+// element types a stage declares.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <vector>
 
+#include "common/device.h"
 #include "common/error.h"
 #include "common/problem.h"
 #include "common/stage.h"
@@ -77,6 +80,51 @@ TEST_CASE("softmax scale defaults to 1/sqrt(d)") {
   CHECK(p.softmax_scale() == doctest::Approx(0.125));
   p.scale = 0.5;
   CHECK(p.softmax_scale() == doctest::Approx(0.5));
+}
+
+TEST_CASE("float4-sized access needs 16-byte rows: d % 4 == 0 in fp32, d % 8 == 0 in 16 bits") {
+  alignas(16) float buffer[8] = {};
+  Problem p;
+  p.dtype = flashstep::DType::kBf16;
+  flashstep::ForwardTensors t;
+  t.Q = t.K = t.V = buffer;
+  t.O = buffer;
+  p.d = 64;
+  CHECK(flashstep::float4_ok(p, t));
+  p.d = 60;  // 120-byte rows: a float4 of fp32 would fit, 16 bytes of bf16 would not
+  CHECK_FALSE(flashstep::float4_ok(p, t));
+  p.dtype = flashstep::DType::kFp32;
+  CHECK(flashstep::float4_ok(p, t));
+}
+
+TEST_CASE("stages declare their element types, native first; asking for another is one clear error") {
+  using flashstep::DType;
+  for (const flashstep::Stage& s : flashstep::all_stages()) {
+    CAPTURE(s.name);
+    REQUIRE_FALSE(s.dtypes.empty());
+    for (DType t : s.dtypes) CHECK(s.supports(t));
+    CHECK(s.backward_supports(DType::kFp32) == (s.backward != nullptr));
+  }
+  const flashstep::Stage& s02 = *flashstep::select_stages("02").front();
+  const flashstep::Stage& s04 = *flashstep::select_stages("04").front();
+  CHECK(s02.dtypes == std::vector<DType>{DType::kFp32, DType::kFp16, DType::kBf16});
+  CHECK(flashstep::select_stages("03").front()->supports(DType::kBf16));
+  CHECK(s04.dtypes == std::vector<DType>{DType::kFp32});  // the default
+  CHECK_FALSE(s02.backward_supports(DType::kBf16));
+  CHECK_NOTHROW(flashstep::require_dtype(s02, DType::kFp16));
+  CHECK_THROWS_WITH_AS(flashstep::require_dtype(s04, DType::kBf16),
+                       "stage 04_fa2_q_outer does not run in bf16 (it runs in fp32)", Error);
+  CHECK_THROWS_WITH_AS(flashstep::require_dtype(s02, DType::kBf16, true),
+                       "stage 02_safe_softmax's backward does not run in bf16 (it runs in fp32)",
+                       Error);
+  CHECK_THROWS_WITH_AS(flashstep::require_dtype(s04, DType::kFp32, true),
+                       "stage 04_fa2_q_outer has no backward pass", Error);
+  // The runner asks before it touches the GPU.
+  Problem p;
+  p.dtype = DType::kFp16;
+  const std::vector<float> x(static_cast<size_t>(p.q_elems()), 1.0f);
+  CHECK_THROWS_WITH_AS(flashstep::DeviceRun(s04, p, x.data(), x.data(), x.data()),
+                       doctest::Contains("does not run in fp16"), Error);
 }
 
 TEST_CASE("float4 access needs d % 4 == 0 and 16-byte aligned tensors") {
