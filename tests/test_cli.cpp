@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "cli.h"
@@ -101,7 +102,8 @@ TEST_CASE("cli: model mode lists every registered stage, as table, CSV and JSON"
   const auto csv = run_cli({"model", "--N", "4096", "--format", "csv"});
   CHECK(csv.code == 0);
   CHECK(count_lines(csv.out) == static_cast<int>(stages.size()) + 1);
-  CHECK(csv.out.rfind("stage,HBM read,HBM write,", 0) == 0);
+  CHECK(csv.out.rfind("stage,dtype,HBM read,HBM write,", 0) == 0);
+  CHECK(csv.out.find("02_safe_softmax,fp32,") != std::string::npos);  // each stage's own type
 
   const auto json = run_cli({"model", "--format", "json", "--stage", "02"});
   CHECK(json.code == 0);
@@ -160,7 +162,7 @@ TEST_CASE("cli: model --backward prints the backwards' model with their device m
   const Result r = run_cli({"model", "--backward", "--N", "16384", "--H", "32", "--d", "64",
                             "--format", "csv"});
   REQUIRE(r.code == 0);
-  CHECK(r.out.rfind("stage,HBM read,HBM write,", 0) == 0);
+  CHECK(r.out.rfind("stage,dtype,HBM read,HBM write,", 0) == 0);
   CHECK(r.out.find("device memory") != std::string::npos);
   CHECK(r.out.find("02_safe_softmax,") != std::string::npos);
   CHECK(r.out.find("05_sequence_parallel,") != std::string::npos);
@@ -174,6 +176,85 @@ TEST_CASE("cli: model --backward prints the backwards' model with their device m
   p.Nq = p.Nk = 16384;
   CHECK(flashstep::device_bytes_needed(s02, p, true) > 2 * 32 * p.Nq * p.Nk * 4);
   CHECK(flashstep::device_bytes_needed(s05, p, true) < (2ll << 30));
+}
+
+TEST_CASE("cli: --dtype picks the element type; stages without it are skipped with one note") {
+  const auto o = parse_args({"--dtype", "bf16"});
+  REQUIRE(o.dtype);
+  CHECK(*o.dtype == flashstep::DType::kBf16);
+  CHECK(o.problem.dtype == flashstep::DType::kBf16);
+  CHECK_FALSE(parse_args({}).dtype);  // unset: each stage in its own type
+  CHECK_THROWS_WITH_AS(parse_args({"--dtype", "fp64"}),
+                       "--dtype must be fp32, fp16 or bf16, got 'fp64'", Error);
+
+  // Stages 02 and 03 run in fp16; the rest are named once on stderr.
+  const Result r = run_cli({"model", "--dtype", "fp16", "--N", "256", "--format", "csv"});
+  REQUIRE(r.code == 0);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.find("--dtype fp16: skipping 01_naive, 04_fa2_q_outer") != std::string::npos);
+  CHECK(count_lines(r.out) == 3);
+  CHECK(r.out.find("02_safe_softmax,fp16,") != std::string::npos);
+  CHECK(r.out.find("03_fa1_kv_outer,fp16,") != std::string::npos);
+
+  // No selected stage runs in the type: one line naming those that do, exit 2.
+  const Result none = run_cli({"model", "--dtype", "bf16", "--stage", "04,05"});
+  CHECK(none.code == 2);
+  CHECK(count_lines(none.err) == 1);
+  CHECK(none.err.find("--dtype bf16: no selected stage runs in bf16 (these do: "
+                      "02_safe_softmax, 03_fa1_kv_outer)") != std::string::npos);
+  CHECK(none.out.empty());
+
+  // The backwards run in fp32 only: --backward in 16 bits is a clear error.
+  const Result bwd = run_cli({"--backward", "--dtype", "bf16"});
+  CHECK(bwd.code == 2);
+  CHECK(count_lines(bwd.err) == 1);
+  CHECK(bwd.err.find("no selected stage has a backward in bf16 (these have one: "
+                     "02_safe_softmax (fp32), 05_sequence_parallel (fp32))") != std::string::npos);
+}
+
+TEST_CASE("cli: model counts 2-byte elements in fp16 and bf16") {
+  auto hbm_read = [](const std::string& dtype) {
+    const Result r = run_cli({"model", "--dtype", dtype, "--stage", "02", "--format", "json"});
+    REQUIRE(r.code == 0);
+    const std::string key = "\"HBM read\": ";
+    const size_t at = r.out.find(key);
+    REQUIRE(at != std::string::npos);
+    CHECK(r.out.find("\"dtype\": \"" + dtype + "\"") != std::string::npos);
+    return std::stoll(r.out.substr(at + key.size()));
+  };
+  const long long fp32 = hbm_read("fp32"), bf16 = hbm_read("bf16");
+  // Q, K, V and P (read by kernel 3) halve; S (read three times) stays fp32.
+  CHECK(bf16 < fp32);
+  CHECK(bf16 > fp32 / 2);
+}
+
+TEST_CASE("cli: --load reads float16 (<f2) arrays as well as float32, widened exactly") {
+  const auto dir = std::filesystem::temp_directory_path() / "flashstep_test_load_f2";
+  std::filesystem::create_directories(dir);
+  // A minimal version 1.0 .npy of float16 ones.
+  auto write_f2 = [&](const std::string& name, const std::string& shape, std::size_t n) {
+    std::string header = "{'descr': '<f2', 'fortran_order': False, 'shape': " + shape + ", }";
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::ofstream f(dir / name, std::ios::binary);
+    f.write("\x93NUMPY\x01\x00", 8);
+    const char len[2] = {static_cast<char>(header.size() & 0xff), static_cast<char>(header.size() >> 8)};
+    f.write(len, 2);
+    f << header;
+    const char one[2] = {0x00, 0x3C};  // fp16 1.0, little-endian
+    for (std::size_t k = 0; k < n; ++k) f.write(one, 2);
+  };
+  write_f2("Q.npy", "(1, 2, 3, 8)", 48);
+  write_f2("K.npy", "(1, 2, 5, 8)", 80);
+  write_f2("V.npy", "(1, 2, 5, 8)", 80);
+  const auto q = flashstep::read_npy((dir / "Q.npy").string());
+  CHECK(q.shape == std::vector<std::int64_t>{1, 2, 3, 8});
+  CHECK(q.data == std::vector<float>(48, 1.0f));
+  const Result r = run_cli({"model", "--load", dir.string(), "--dtype", "fp16", "--format", "csv",
+                            "--stage", "02"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("02_safe_softmax,fp16,") != std::string::npos);
+  CHECK(r.out.find(",1,2,3,5,8,0") != std::string::npos);
 }
 
 TEST_CASE("cli: info prints the device's facts, or one line and exit 1 without a GPU") {

@@ -1,6 +1,8 @@
 // .npy reading and writing, and clear errors on malformed files.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +52,33 @@ TEST_CASE("npy: the header is what NumPy writes") {
   std::string content((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   CHECK(content.find("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }") != std::string::npos);
   CHECK((content.size() - 3 * 4) % 64 == 0);  // data starts 64-byte aligned
+}
+
+TEST_CASE("npy: float16 ('<f2') is read and widened exactly; its size counts 2-byte elements") {
+  // 1, -2, 65504 (fp16's largest), 2^-24 (its smallest subnormal), -0, +inf.
+  const std::vector<std::uint16_t> bits = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x8000, 0x7C00};
+  const std::string data(reinterpret_cast<const char*>(bits.data()), bits.size() * 2);
+  const std::string path =
+      raw_npy("f2.npy", "{'descr': '<f2', 'fortran_order': False, 'shape': (2, 3), }", 0);
+  std::ofstream(path, std::ios::binary | std::ios::app) << data;
+  const auto a = flashstep::read_npy(path);
+  CHECK(a.shape == std::vector<std::int64_t>{2, 3});
+  REQUIRE(a.data.size() == 6);
+  CHECK(a.data[0] == 1.0f);
+  CHECK(a.data[1] == -2.0f);
+  CHECK(a.data[2] == 65504.0f);
+  CHECK(a.data[3] == std::ldexp(1.0f, -24));
+  CHECK((a.data[4] == 0.0f && std::signbit(a.data[4])));
+  CHECK(std::isinf(a.data[5]));
+  const std::string short_path =
+      raw_npy("f2short.npy", "{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }", 6);
+  CHECK_THROWS_WITH_AS(flashstep::read_npy(short_path), doctest::Contains("shape needs 8"),
+                       flashstep::Error);
+  const std::string big_endian =
+      raw_npy("f2big.npy", "{'descr': '>f2', 'fortran_order': False, 'shape': (1,), }", 2);
+  CHECK_THROWS_WITH_AS(flashstep::read_npy(big_endian),
+                       doctest::Contains("expected float32 '<f4' or float16 '<f2'"),
+                       flashstep::Error);
 }
 
 TEST_CASE("npy: malformed files give one clear error naming the file") {

@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -94,6 +95,32 @@ std::vector<const Stage*> selected_stages(const std::string& selectors) {
   return out;
 }
 
+// The element type stage s runs in: --dtype's, or its native (first) one.
+DType run_dtype(const Stage& s, const std::optional<DType>& dtype) {
+  return dtype ? *dtype : s.dtypes.front();
+}
+
+// The stages that run in --dtype (all of them without it); an Error naming
+// the stages that do when none of the selected ones does.
+std::vector<const Stage*> typed_stages(const std::vector<const Stage*>& stages,
+                                       const std::optional<DType>& dtype) {
+  if (!dtype) return stages;
+  std::vector<const Stage*> out;
+  for (const Stage* s : stages) {
+    if (s->supports(*dtype)) out.push_back(s);
+  }
+  if (out.empty()) {
+    std::string have;
+    for (const Stage& s : all_stages()) {
+      if (s.supports(*dtype)) have += (have.empty() ? "" : ", ") + std::string(s.name);
+    }
+    const std::string name(dtype_name(*dtype));
+    throw Error("--dtype " + name + ": no selected stage runs in " + name + " (these do: " +
+                (have.empty() ? std::string("none") : have) + ")");
+  }
+  return out;
+}
+
 // Cells that place a row's problem in CSV and JSON (hidden in the text table).
 const std::vector<std::string> kProblemColumns = {".B", ".H", ".Nq", ".Nk", ".d", ".causal"};
 
@@ -126,35 +153,48 @@ Report info_report(const DeviceInfo& dev) {
   return r;
 }
 
-// The stages that have a backward pass, for --backward; an Error if none does.
-std::vector<const Stage*> backward_stages(const std::vector<const Stage*>& stages) {
+// The stages whose backward runs in their type, for --backward; an Error if
+// none does, naming the stages that have one (and, with --dtype, its types).
+std::vector<const Stage*> backward_stages(const std::vector<const Stage*>& stages,
+                                          const std::optional<DType>& dtype) {
   std::vector<const Stage*> out;
   for (const Stage* s : stages) {
-    if (s->backward) out.push_back(s);
+    if (s->backward_supports(run_dtype(*s, dtype))) out.push_back(s);
   }
   if (out.empty()) {
     std::string have;
     for (const Stage& s : all_stages()) {
-      if (s.backward) have += (have.empty() ? "" : ", ") + std::string(s.name);
+      if (!s.backward) continue;
+      have += (have.empty() ? "" : ", ") + std::string(s.name);
+      if (dtype) have += " (" + dtype_list(s.backward_dtypes) + ")";
     }
-    throw Error("--backward: no selected stage has a backward pass (these do: " + have + ")");
+    if (!dtype) {
+      throw Error("--backward: no selected stage has a backward pass (these do: " + have + ")");
+    }
+    const std::string name(dtype_name(*dtype));
+    throw Error("--backward --dtype " + name + ": no selected stage has a backward in " + name +
+                " (these have one: " + have + ")");
   }
   return out;
 }
 
-Report model_report(const Problem& p, const std::vector<const Stage*>& stages, bool backward) {
+Report model_report(const Problem& base, const std::vector<const Stage*>& stages, bool backward,
+                    const std::optional<DType>& dtype) {
   Report r;
-  r.title = (backward ? "backward model for " : "model for ") + p.describe();
-  r.columns = {"stage", "HBM read", "HBM write", "SRAM read", "SRAM write", "matmul FLOPs",
-               "other FLOPs", "blocks", "skipped tiles", "barriers", "device memory"};
+  r.title = (backward ? "backward model for " : "model for ") + base.describe();
+  r.columns = {"stage", "dtype", "HBM read", "HBM write", "SRAM read", "SRAM write",
+               "matmul FLOPs", "other FLOPs", "blocks", "skipped tiles", "barriers",
+               "device memory"};
   r.columns.insert(r.columns.end(), kProblemColumns.begin(), kProblemColumns.end());
   for (const Stage* s : stages) {
+    Problem p = base;
+    p.dtype = run_dtype(*s, dtype);
     const Cost c = backward ? s->backward_model(p) : s->model(p);
-    std::vector<Cell> row = {text(std::string(s->name)), bytes(c.hbm_read_bytes),
-                             bytes(c.hbm_write_bytes), bytes(c.sram_read_bytes),
-                             bytes(c.sram_write_bytes), flops(c.matmul_flops),
-                             flops(c.nonmatmul_flops), integer(c.thread_blocks),
-                             integer(c.skipped_tiles),
+    std::vector<Cell> row = {text(std::string(s->name)), text(std::string(dtype_name(p.dtype))),
+                             bytes(c.hbm_read_bytes), bytes(c.hbm_write_bytes),
+                             bytes(c.sram_read_bytes), bytes(c.sram_write_bytes),
+                             flops(c.matmul_flops), flops(c.nonmatmul_flops),
+                             integer(c.thread_blocks), integer(c.skipped_tiles),
                              // Only stage 06 models its barriers; 0 means "not modelled".
                              c.barriers > 0 ? integer(c.barriers) : number(std::nan("")),
                              // What a run allocates: inputs, outputs, workspaces (and gradients).
@@ -210,7 +250,7 @@ void save_inputs(const std::string& dir, const Problem& p, const Inputs& in) {
 // One stage's row of the run table.
 struct StageResult {
   std::string status = "error";  // ok, FAIL, error, unchecked
-  std::optional<Comparison> o_check, l_check;
+  std::optional<ForwardCheck> check;
   Timing timing;
   std::string backward_status = "-";  // ok, FAIL, error, unchecked; "-" without a backward
   double grad_error = std::nan("");   // max abs error over dQ, dK and dV
@@ -307,7 +347,15 @@ problem (default B=1 H=8 N=1024 d=64, non-causal, scale 1/sqrt(d)):
   --causal            bottom-right aligned causal mask
   --scale X           softmax scale
   --seed N            seed of the random inputs (default 0)
-  --load DIR          read DIR/Q.npy, K.npy, V.npy (float32 [B,H,N,d]); sizes from the files;
+  --dtype T           element type of Q, K, V and O: fp32, fp16 or bf16. Without
+                      it each stage runs in its own (first) type, fp32 for 01-06;
+                      with it, selected stages that lack T are skipped (a note
+                      says which). Inputs are drawn or loaded in fp32 and rounded
+                      to T on the way to the GPU; O is checked by FlashAttention's
+                      rule (at most twice the error of naive attention in T);
+                      L stays fp32
+  --load DIR          read DIR/Q.npy, K.npy, V.npy ([B,H,N,d], float32 '<f4' or
+                      float16 '<f2', widened exactly); sizes from the files;
                       with --backward also DIR/dO.npy when present
 
 what to run and print:
@@ -316,12 +364,13 @@ what to run and print:
   --iters N           timed runs; median, p20, p80 reported (default 20);
                       0 runs each stage once, untimed (for profilers)
   --backward          also run, check and time the backward pass (stages that
-                      have one), from the forward's O and L and a random dO;
-                      with model, print the backward's model
+                      have one in their type: fp32 today), from the forward's O
+                      and L and a random dO; with model, print the backward's model
   --no-check          skip the fp64 reference check
   --format F          table (default), csv or json
-  --save DIR          write Q, K, V and each stage's O_<stage>.npy, L_<stage>.npy
-                      (with --backward also dO and dQ_, dK_, dV_<stage>.npy)
+  --save DIR          write Q, K, V (fp32, as drawn or loaded) and each stage's
+                      O_<stage>.npy, L_<stage>.npy as float32, what the stage
+                      computed (with --backward also dO and dQ_, dK_, dV_<stage>.npy)
   -h, --help          this text
 )";
 }
@@ -364,6 +413,14 @@ Options parse_args(const std::vector<std::string>& args) {
       if (seed < 0) throw Error("--seed must be >= 0");
       o.seed = static_cast<std::uint64_t>(seed);
     }
+    else if (flag == "--dtype") {
+      const std::string t = value();
+      if (t != "fp32" && t != "fp16" && t != "bf16") {
+        throw Error("--dtype must be fp32, fp16 or bf16, got '" + t + "'");
+      }
+      o.dtype = parse_dtype(t);
+      p.dtype = *o.dtype;
+    }
     else if (flag == "--stage") o.stages = value();
     else if (flag == "--warmup") {
       const std::int64_t w = parse_int(flag, value());
@@ -390,8 +447,10 @@ Options parse_args(const std::vector<std::string>& args) {
     if (flag.rfind("--", 0) == 0) o.given.insert(flag);
   }
   validate(o.problem);
-  const auto stages = selected_stages(o.stages);  // an unknown stage is a usage error, found before any work
-  if (o.backward) backward_stages(stages);
+  // An unknown stage, a --dtype no selected stage runs in, and --backward with
+  // no backward to run are usage errors, found before any work.
+  const auto stages = typed_stages(selected_stages(o.stages), o.dtype);
+  if (o.backward) backward_stages(stages, o.dtype);
   return o;
 }
 
@@ -410,7 +469,8 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     return kExitUsage;
   }
   const Problem& p = o.problem;
-  const std::vector<const Stage*> stages = selected_stages(o.stages);
+  const std::vector<const Stage*> selected = selected_stages(o.stages);
+  const std::vector<const Stage*> stages = typed_stages(selected, o.dtype);
 
   std::string why;
   if (o.mode == Mode::kInfo) {
@@ -421,13 +481,23 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     print(info_report(device_info()), o.format, out);
     return kExitOk;
   }
+  if (stages.size() < selected.size()) {
+    std::string skipped;
+    for (const Stage* s : selected) {
+      if (!s->supports(*o.dtype)) skipped += (skipped.empty() ? "" : ", ") + std::string(s->name);
+    }
+    const std::string name(dtype_name(*o.dtype));
+    err << "flashstep: --dtype " << name << ": skipping " << skipped << " (no " << name
+        << " kernel)\n";
+  }
   if (o.mode == Mode::kModel || !cuda_device_available(&why)) {
     if (o.mode == Mode::kRun) {
       err << "flashstep: no usable CUDA device (" << why
           << "); printing the modelled traffic only, no timings\n";
     }
-    print(model_report(p, o.backward ? backward_stages(stages) : stages, o.backward), o.format,
-          out);
+    print(model_report(p, o.backward ? backward_stages(stages, o.dtype) : stages, o.backward,
+                       o.dtype),
+          o.format, out);
     return kExitOk;
   }
 
@@ -443,16 +513,28 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     err << "flashstep: " << e.what() << "\n";
     return kExitUsage;
   }
-  std::optional<ReferenceResult> ref;
-  if (o.check) {
-    const double macs = static_cast<double>(p.heads()) * static_cast<double>(p.Nq) *
-                        static_cast<double>(p.Nk) * static_cast<double>(p.d);
-    const auto step = static_cast<std::int64_t>(std::ceil(macs / kReferenceMacBudget));
+  // What the forwards are checked against, per element type the stages run
+  // in, each made when a stage first needs it: the fp64 reference (and in 16
+  // bits the naive computation in the type) on every row while the problem is
+  // small, else on every step-th query row.
+  const double macs = static_cast<double>(p.heads()) * static_cast<double>(p.Nq) *
+                      static_cast<double>(p.Nk) * static_cast<double>(p.d);
+  const std::int64_t step =
+      std::max<std::int64_t>(static_cast<std::int64_t>(std::ceil(macs / kReferenceMacBudget)), 1);
+  std::map<DType, ForwardTruth> truths;
+  auto truth_for = [&](DType t) -> const ForwardTruth& {
+    if (const auto it = truths.find(t); it != truths.end()) return it->second;
+    const std::string name(dtype_name(t));
     err << "flashstep: fp64 reference"
+        << (t == DType::kFp32 ? std::string()
+                              : " from the inputs rounded to " + name + ", beside naive " + name +
+                                    " attention,")
         << (step > 1 ? " on every " + std::to_string(step) + "th query row" : std::string())
         << "...\n";
-    ref = reference_forward_rows(p, in.Q.data(), in.K.data(), in.V.data(), std::max<std::int64_t>(step, 1));
-  }
+    Problem typed = p;
+    typed.dtype = t;
+    return truths.emplace(t, forward_truth(typed, in, step)).first->second;
+  };
   std::optional<ReferenceGradients> ref_grad;
   if (o.check && o.backward) ref_grad = reference_gradients(p, in, dO, err);
 
@@ -460,8 +542,8 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   Report r;
   r.title = p.describe() + " on " + dev.name +
             "; TFLOP/s counts 4*B*H*Nq*Nk*d (halved if causal); HBM = modelled bytes";
-  r.columns = {"stage", "check", "max err O", "max err L", "median ms", "p20 ms", "p80 ms",
-               "TFLOP/s", "HBM read", "HBM write", "blocks"};
+  r.columns = {"stage", "dtype", "check", "max err O", "max err L", "median ms", "p20 ms",
+               "p80 ms", "TFLOP/s", "HBM read", "HBM write", "blocks"};
   if (o.backward) {
     r.title += "; backward TFLOP/s counts 2.5x the forward's FLOPs";
     r.columns.insert(r.columns.end(),
@@ -475,23 +557,27 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     const Stage& s = *stages[k];
     err << "flashstep: [" << k + 1 << "/" << stages.size() << "] " << s.name << "...\n";
     StageResult res;
+    Problem ps = p;
+    ps.dtype = run_dtype(s, o.dtype);
+    const bool backward = o.backward && s.backward_supports(ps.dtype);
     try {
-      const bool backward = o.backward && s.backward;
-      DeviceRun run(s, p, in.Q.data(), in.K.data(), in.V.data(), backward ? dO.data() : nullptr);
+      DeviceRun run(s, ps, in.Q.data(), in.K.data(), in.V.data(), backward ? dO.data() : nullptr);
       std::vector<float> O, L;
       run.run(O, L);
-      if (ref) {
-        res.o_check = compare(O.data(), ref->O, kFp32Tolerance);
-        if (s.writes_lse) res.l_check = compare(L.data(), ref->L, kFp32Tolerance);
-        const bool ok = res.o_check->ok() && (!res.l_check || res.l_check->ok());
-        res.status = ok ? "ok" : "FAIL";
-        if (!ok) {
-          err << "flashstep: " << s.name << " differs from the fp64 reference: O "
-              << res.o_check->summary()
-              << (res.l_check ? "; L " + res.l_check->summary() : std::string()) << "\n";
+      res.status = "unchecked";
+      if (o.check) {
+        res.check = check_forward(ps, O.data(), s.writes_lse ? L.data() : nullptr,
+                                  truth_for(ps.dtype));
+        if (res.check->ok()) {
+          res.status = "ok";
+        } else if (res.check->O.checked == 0) {
+          err << "flashstep: " << s.name << ": nothing to compare (the reference is NaN on "
+              << "every row checked: NaN or infinite inputs?); left unchecked\n";
+        } else {
+          res.status = "FAIL";
+          err << "flashstep: " << s.name << " (" << dtype_name(ps.dtype)
+              << ") differs from the fp64 reference: " << res.check->summary() << "\n";
         }
-      } else {
-        res.status = "unchecked";
       }
       if (!o.save_dir.empty()) {
         write_npy(o.save_dir + "/O_" + std::string(s.name) + ".npy", {p.B, p.H, p.Nq, p.d}, O.data());
@@ -522,13 +608,14 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     all_ok = all_ok && (res.status == "ok" || res.status == "unchecked") &&
              (res.backward_status == "-" || res.backward_status == "ok" ||
               res.backward_status == "unchecked");
-    const Cost c = s.model(p);
+    const Cost c = s.model(ps);
     const bool timed = res.timing.iterations > 0;
     const double nan = std::nan("");
+    const bool l_checked = res.check && res.check->L;
     std::vector<Cell> row = {
-        text(std::string(s.name)), text(res.status),
-        number(res.o_check ? res.o_check->max_abs_error : nan, 2),
-        number(res.l_check ? res.l_check->max_abs_error : nan, 2),
+        text(std::string(s.name)), text(std::string(dtype_name(ps.dtype))), text(res.status),
+        number(res.check ? res.check->O.max_abs_error : nan, 2),
+        number(l_checked ? res.check->L->max_abs_error : nan, 2),
         number(timed ? res.timing.median_ms : nan), number(timed ? res.timing.p20_ms : nan),
         number(timed ? res.timing.p80_ms : nan),
         number(timed ? p.forward_flops() / (res.timing.median_ms / kMsPerS) / kTera : nan, 3),
@@ -537,14 +624,14 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
       const bool bwd_timed = res.backward_timing.iterations > 0;
       const double bwd_ms = res.backward_timing.median_ms;
       const double bwd_flops = kBackwardFlopFactor * p.forward_flops();
-      const Cost b = s.backward ? s.backward_model(p) : Cost{};
+      const Cost b = backward ? s.backward_model(ps) : Cost{};
       append(row, {text(res.backward_status), number(res.grad_error, 2),
                    number(bwd_timed ? bwd_ms : nan), number(bwd_timed ? res.backward_timing.p20_ms : nan),
                    number(bwd_timed ? res.backward_timing.p80_ms : nan),
                    number(bwd_timed ? bwd_flops / (bwd_ms / kMsPerS) / kTera : nan, 3),
-                   s.backward ? bytes(b.hbm_read_bytes) : number(nan),
-                   s.backward ? bytes(b.hbm_write_bytes) : number(nan),
-                   s.backward ? bytes(device_bytes_needed(s, p, true)) : number(nan)});
+                   backward ? bytes(b.hbm_read_bytes) : number(nan),
+                   backward ? bytes(b.hbm_write_bytes) : number(nan),
+                   backward ? bytes(device_bytes_needed(s, ps, true)) : number(nan)});
     }
     append(row, problem_cells(p));
     row.push_back(text(dev.name));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,8 +28,11 @@ enum class Mode {
 /// Parsed command line.
 struct Options {
   Mode mode = Mode::kRun;
-  Problem problem;             ///< default B=1, H=8, N=1024, d=64, non-causal
+  Problem problem;             ///< default B=1, H=8, N=1024, d=64, non-causal; dtype: --dtype's
   std::string stages = "all";  ///< comma-separated selectors (see select_stages)
+  /// --dtype: every selected stage that runs in this type runs in it, the
+  /// others are skipped (with a note); unset: each stage in its native type.
+  std::optional<DType> dtype;
   int warmup = 3;              ///< untimed runs before timing
   int iterations = 20;         ///< timed runs (median, p20, p80); 0: run once, untimed
   Format format = Format::kTable;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "error.h"
+#include "rounding.h"
 
 namespace flashstep {
 
@@ -57,9 +58,14 @@ NpyArray read_npy(const std::string& path) {
   if (!std::regex_search(header, m, std::regex("'descr':\\s*'([^']*)'"))) {
     fail(path, "header has no 'descr'");
   }
-  if (m[1] != "<f4") {
-    fail(path, "dtype is '" + m[1].str() + "', expected float32 '<f4' (use arr.astype(np.float32))");
+  // float16 is read too, and widened exactly: bf16 inputs come as float32
+  // (NumPy has no bf16) and are rounded on their way to the device.
+  const bool fp16 = m[1] == "<f2";
+  if (m[1] != "<f4" && !fp16) {
+    fail(path, "dtype is '" + m[1].str() +
+                   "', expected float32 '<f4' or float16 '<f2' (use arr.astype(np.float32))");
   }
+  const std::int64_t elem_bytes = fp16 ? sizeof(std::uint16_t) : sizeof(float);
   if (!std::regex_search(header, m, std::regex("'fortran_order':\\s*(True|False)"))) {
     fail(path, "header has no 'fortran_order'");
   }
@@ -85,14 +91,18 @@ NpyArray read_npy(const std::string& path) {
   f.seekg(0, std::ios::end);
   const std::int64_t data_bytes = static_cast<std::int64_t>(f.tellg() - data_start);
   f.seekg(data_start);
-  if (data_bytes != n * static_cast<std::int64_t>(sizeof(float))) {
+  if (data_bytes != n * elem_bytes) {
     fail(path, "holds " + std::to_string(data_bytes) + " data bytes, shape needs " +
-                   std::to_string(n * static_cast<std::int64_t>(sizeof(float))));
+                   std::to_string(n * elem_bytes));
   }
   a.data.resize(static_cast<size_t>(n));
-  if (!f.read(reinterpret_cast<char*>(a.data.data()), n * static_cast<std::int64_t>(sizeof(float)))) {
-    fail(path, "read failed");
+  if (fp16) {
+    std::vector<std::uint16_t> bits(static_cast<size_t>(n));
+    if (!f.read(reinterpret_cast<char*>(bits.data()), n * elem_bytes)) fail(path, "read failed");
+    for (size_t k = 0; k < bits.size(); ++k) a.data[k] = from_bits(DType::kFp16, bits[k]);
+    return a;
   }
+  if (!f.read(reinterpret_cast<char*>(a.data.data()), n * elem_bytes)) fail(path, "read failed");
   return a;
 }
 
