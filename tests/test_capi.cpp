@@ -386,3 +386,111 @@ TEST_CASE("capi backward: valid arguments on host memory fail cleanly, with or w
     }
   }
 }
+
+namespace {
+
+// One flashstep_forward_typed call on 16-bit host buffers, each argument overridable.
+struct TypedCall {
+  std::vector<std::uint16_t> Qb = std::vector<std::uint16_t>(kB * kH * kNq * kD);
+  std::vector<std::uint16_t> KVb = std::vector<std::uint16_t>(2 * kB * kH * kNk * kD);
+  std::vector<std::uint16_t> Ob = std::vector<std::uint16_t>(kB * kH * kNq * kD);
+  std::vector<float> Lb = std::vector<float>(kB * kH * kNq);
+  const char* stage = "02_safe_softmax";
+  int dtype = FLASHSTEP_BF16;
+  const void* Q = Qb.data();
+  const void* K = KVb.data();
+  const void* V = KVb.data() + kB * kH * kNk * kD;
+  void* O = Ob.data();
+  float* L = Lb.data();
+
+  int run() const {
+    return flashstep_forward_typed(stage, dtype, kB, kH, kNq, kNk, kD, 0, 0.0, Q, K, V, O, L,
+                                   nullptr);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("capi: each stage's element types, as flashstep_dtype bits") {
+  const auto& stages = flashstep::all_stages();
+  for (int i = 0; i < flashstep_stage_count(); ++i) {
+    const flashstep::Stage& s = stages[static_cast<size_t>(i)];
+    CAPTURE(s.name);
+    const int bits = flashstep_stage_dtypes(flashstep_stage_name(i));
+    CHECK(((bits >> FLASHSTEP_FP32) & 1) == (s.supports(flashstep::DType::kFp32) ? 1 : 0));
+    CHECK(((bits >> FLASHSTEP_FP16) & 1) == (s.supports(flashstep::DType::kFp16) ? 1 : 0));
+    CHECK(((bits >> FLASHSTEP_BF16) & 1) == (s.supports(flashstep::DType::kBf16) ? 1 : 0));
+  }
+  const int all = (1 << FLASHSTEP_FP32) | (1 << FLASHSTEP_FP16) | (1 << FLASHSTEP_BF16);
+  CHECK(flashstep_stage_dtypes("02") == all);
+  CHECK(flashstep_stage_dtypes("01") == 1 << FLASHSTEP_FP32);
+  CHECK(flashstep_stage_backward_dtypes("02") == 1 << FLASHSTEP_FP32);
+  CHECK(flashstep_stage_backward_dtypes("01") == 0);  // no backward
+  CHECK(flashstep_stage_dtypes("no_such_stage") == -1);
+  CHECK(flashstep_stage_backward_dtypes("no_such_stage") == -1);
+  CHECK(last_error().find("unknown stage 'no_such_stage'") != std::string::npos);
+}
+
+TEST_CASE("capi typed: an unknown dtype is EINVAL, a type the stage lacks ESTAGE naming its types") {
+  TypedCall c;
+  c.dtype = 7;
+  CHECK(c.run() == FLASHSTEP_EINVAL);
+  CHECK(last_error() ==
+        "dtype must be FLASHSTEP_FP32 (0), FLASHSTEP_FP16 (1) or FLASHSTEP_BF16 (2), got 7");
+  c.dtype = FLASHSTEP_BF16;
+  c.stage = "04";
+  CHECK(c.run() == FLASHSTEP_ESTAGE);
+  CHECK(last_error() == "stage 04_fa2_q_outer does not run in bf16 (it runs in fp32)");
+  c.stage = "99_nope";  // the name is checked first
+  CHECK(c.run() == FLASHSTEP_ESTAGE);
+  CHECK(last_error().find("unknown stage '99_nope'") != std::string::npos);
+}
+
+TEST_CASE("capi typed: 16-bit tensors are aligned to 2 bytes and sized at 2 bytes an element") {
+  TypedCall c;
+  SUBCASE("an odd address is misaligned") {
+    c.K = shifted(c.KVb.data(), 1);
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("K (") == 0);
+    CHECK(last_error().find("is not aligned to 2 bytes (one bf16 element)") != std::string::npos);
+  }
+  SUBCASE("2-byte aligned is enough") {
+    c.dtype = FLASHSTEP_FP16;
+    c.Q = shifted(c.Qb.data(), 2);  // 4-byte misaligned, 2-byte aligned: reaches the CUDA checks
+    const int code = c.run();
+    CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+    CHECK(last_error().find("aligned") == std::string::npos);
+  }
+  SUBCASE("O right after Q: apart at 2 bytes an element (at 4 they would overlap)") {
+    std::vector<std::uint16_t> both(2 * kB * kH * kNq * kD);
+    c.Q = both.data();
+    c.O = both.data() + kB * kH * kNq * kD;
+    const int code = c.run();
+    CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+    CHECK(last_error().find("overlaps") == std::string::npos);
+    c.O = both.data() + kB * kH * kNq * kD - 1;  // one element into Q
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "O overlaps Q; outputs need memory of their own");
+  }
+  SUBCASE("L is fp32 in every type: 4-byte aligned") {
+    c.L = shifted(c.Lb.data(), 2);
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("is not aligned to 4 bytes (one float)") != std::string::npos);
+  }
+}
+
+TEST_CASE("capi typed backward: the backwards run in fp32 only; other types are ESTAGE") {
+  BackwardCall c;
+  auto run_typed = [&](const char* stage, int dtype) {
+    return flashstep_backward_typed(stage, dtype, c.B, c.H, c.Nq, c.Nk, c.d, 0, 0.0, c.Q, c.K,
+                                    c.V, c.O_in, c.L_in, c.dO, c.dQ, c.dK, c.dV, nullptr);
+  };
+  CHECK(run_typed("02", FLASHSTEP_BF16) == FLASHSTEP_ESTAGE);
+  CHECK(last_error() == "stage 02_safe_softmax's backward does not run in bf16 (it runs in fp32)");
+  CHECK(run_typed("04", FLASHSTEP_FP32) == FLASHSTEP_ESTAGE);
+  CHECK(last_error().find("has no backward pass") != std::string::npos);
+  CHECK(run_typed("05", -1) == FLASHSTEP_EINVAL);
+  CHECK(last_error().find("got -1") != std::string::npos);
+  const int code = run_typed("05", FLASHSTEP_FP32);  // as flashstep_backward
+  CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+}

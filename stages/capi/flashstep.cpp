@@ -21,6 +21,7 @@
 
 namespace {
 
+using flashstep::DType;
 using flashstep::Problem;
 using flashstep::Stage;
 
@@ -33,8 +34,6 @@ thread_local std::string t_last_error;
 constexpr std::int64_t kWorkspaceHeadroomBytes = 64ll << 20;
 // ForwardTensors promises the workspace 256-byte aligned.
 constexpr std::uintptr_t kWorkspaceAlign = 256;
-// Every tensor is fp32: its pointer must be aligned to one element.
-constexpr std::uintptr_t kElemAlign = alignof(float);
 
 // A failure with its code; the entry points turn it into a return value.
 class CapiError : public flashstep::Error {
@@ -105,11 +104,13 @@ const Stage& find_stage(const char* name) {
   return *found.front();
 }
 
-// One tensor argument: its name, pointer and size in bytes.
+// One tensor argument: its name, pointer, size in bytes, and the type of its
+// elements (every pointer must be aligned to one element).
 struct Tensor {
   const char* name;
   const void* ptr;
   std::int64_t bytes;
+  DType type;
 };
 
 bool overlap(const Tensor& a, const Tensor& b) {
@@ -243,13 +244,51 @@ void check_problem(const Problem& p) {
   }
 }
 
-// Every tensor aligned to one float.
+// Every tensor aligned to one of its elements.
 void check_aligned(const std::vector<Tensor>& tensors) {
   for (const Tensor& t : tensors) {
-    if (reinterpret_cast<std::uintptr_t>(t.ptr) % kElemAlign != 0) {
-      fail(FLASHSTEP_EINVAL, std::string(t.name) + " (" + address(t.ptr) +
-                                 ") is not aligned to 4 bytes (one float)");
+    const auto align = static_cast<std::uintptr_t>(flashstep::dtype_bytes(t.type));
+    if (reinterpret_cast<std::uintptr_t>(t.ptr) % align != 0) {
+      const std::string element = t.type == DType::kFp32
+                                      ? std::string("float")
+                                      : std::string(flashstep::dtype_name(t.type)) + " element";
+      fail(FLASHSTEP_EINVAL, std::string(t.name) + " (" + address(t.ptr) + ") is not aligned to " +
+                                 std::to_string(align) + " bytes (one " + element + ")");
     }
+  }
+}
+
+// flashstep_dtype codes and the element types they name.
+int dtype_code(DType t) {
+  switch (t) {
+    case DType::kFp32: return FLASHSTEP_FP32;
+    case DType::kFp16: return FLASHSTEP_FP16;
+    case DType::kBf16: return FLASHSTEP_BF16;
+  }
+  return -1;  // not reached: every enumerator is named above
+}
+
+DType dtype_of(int code) {
+  for (DType t : {DType::kFp32, DType::kFp16, DType::kBf16}) {
+    if (dtype_code(t) == code) return t;
+  }
+  fail(FLASHSTEP_EINVAL, "dtype must be FLASHSTEP_FP32 (0), FLASHSTEP_FP16 (1) or "
+                         "FLASHSTEP_BF16 (2), got " + std::to_string(code));
+}
+
+// Bit (1 << code) set for each of the types.
+int dtype_bits(const std::vector<DType>& types) {
+  int bits = 0;
+  for (DType t : types) bits |= 1 << dtype_code(t);
+  return bits;
+}
+
+// The stage's forward (or backward) runs in `t`, or ESTAGE naming its types.
+void check_stage_dtype(const Stage& stage, DType t, bool backward) {
+  try {
+    flashstep::require_dtype(stage, t, backward);
+  } catch (const flashstep::Error& e) {
+    fail(FLASHSTEP_ESTAGE, e.what());
   }
 }
 
@@ -294,16 +333,19 @@ std::int64_t round_up_to_align(std::int64_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
 }
 
-void forward(const char* stage_name, const Problem& p, const float* Q, const float* K,
-             const float* V, float* O, float* L, void* stream_handle) {
+void forward(const char* stage_name, int dtype, Problem p, const void* Q, const void* K,
+             const void* V, void* O, float* L, void* stream_handle) {
   // Checks that need no GPU, in the documented order.
   const Stage& stage = find_stage(stage_name);
+  p.dtype = dtype_of(dtype);
+  check_stage_dtype(stage, p.dtype, false);
   check_problem(p);
-  const std::int64_t q_bytes = p.q_elems() * flashstep::kFloatBytes;
-  const std::int64_t kv_bytes = p.kv_elems() * flashstep::kFloatBytes;
+  const DType E = p.dtype;
+  const std::int64_t q_bytes = p.q_elems() * p.elem_bytes();
+  const std::int64_t kv_bytes = p.kv_elems() * p.elem_bytes();
   const std::int64_t lse_bytes = p.lse_elems() * flashstep::kFloatBytes;
   std::vector<Tensor> tensors = {
-      {"Q", Q, q_bytes}, {"K", K, kv_bytes}, {"V", V, kv_bytes}, {"O", O, q_bytes}};
+      {"Q", Q, q_bytes, E}, {"K", K, kv_bytes, E}, {"V", V, kv_bytes, E}, {"O", O, q_bytes, E}};
   for (const Tensor& t : tensors) {
     if (t.ptr == nullptr) fail(FLASHSTEP_EINVAL, std::string(t.name) + " is NULL");
   }
@@ -312,7 +354,7 @@ void forward(const char* stage_name, const Problem& p, const float* Q, const flo
       fail(FLASHSTEP_EINVAL, "L is NULL but stage " + std::string(stage.name) +
                                  " writes L [B,H,Nq]; pass a buffer of B*H*Nq floats");
     }
-    tensors.push_back({"L", L, lse_bytes});
+    tensors.push_back({"L", L, lse_bytes, DType::kFp32});
   }
   check_aligned(tensors);
   constexpr size_t kFirstOutput = 3;  // O, and L when written
@@ -349,14 +391,14 @@ struct BackwardScratch {
     if (!rerun_forward) return;
     saved = round_up_to_align(own);
     O = saved + round_up_to_align(forward_ws);
-    L = O + round_up_to_align(p.q_elems() * flashstep::kFloatBytes);
+    L = O + round_up_to_align(p.q_elems() * p.elem_bytes());
     total = L + p.lse_elems() * flashstep::kFloatBytes;
   }
 };
 
-void backward(const char* stage_name, const Problem& p, const float* Q, const float* K,
-              const float* V, const float* O, const float* L, const float* dO, float* dQ,
-              float* dK, float* dV, void* stream_handle) {
+void backward(const char* stage_name, int dtype, Problem p, const void* Q, const void* K,
+              const void* V, const void* O, const float* L, const void* dO, void* dQ, void* dK,
+              void* dV, void* stream_handle) {
   // Checks that need no GPU, in the documented order.
   const Stage& stage = find_stage(stage_name);
   if (!stage.backward) {
@@ -364,14 +406,17 @@ void backward(const char* stage_name, const Problem& p, const float* Q, const fl
                                " has no backward pass; stages with one: " +
                                stages_with_backward());
   }
+  p.dtype = dtype_of(dtype);
+  check_stage_dtype(stage, p.dtype, true);
   check_problem(p);
-  const std::int64_t q_bytes = p.q_elems() * flashstep::kFloatBytes;
-  const std::int64_t kv_bytes = p.kv_elems() * flashstep::kFloatBytes;
+  const DType E = p.dtype;
+  const std::int64_t q_bytes = p.q_elems() * p.elem_bytes();
+  const std::int64_t kv_bytes = p.kv_elems() * p.elem_bytes();
   const std::int64_t lse_bytes = p.lse_elems() * flashstep::kFloatBytes;
   const std::vector<Tensor> tensors = {
-      {"Q", Q, q_bytes},   {"K", K, kv_bytes},   {"V", V, kv_bytes},
-      {"O", O, q_bytes},   {"L", L, lse_bytes},  {"dO", dO, q_bytes},
-      {"dQ", dQ, q_bytes}, {"dK", dK, kv_bytes}, {"dV", dV, kv_bytes}};
+      {"Q", Q, q_bytes, E},   {"K", K, kv_bytes, E},   {"V", V, kv_bytes, E},
+      {"O", O, q_bytes, E},   {"L", L, lse_bytes, DType::kFp32},  {"dO", dO, q_bytes, E},
+      {"dQ", dQ, q_bytes, E}, {"dK", dK, kv_bytes, E}, {"dV", dV, kv_bytes, E}};
   for (const Tensor& t : tensors) {
     if (t.ptr == nullptr) fail(FLASHSTEP_EINVAL, std::string(t.name) + " is NULL");
   }
@@ -456,11 +501,33 @@ int flashstep_stage_has_backward(const char* stage) {
   return has;
 }
 
+int flashstep_stage_dtypes(const char* stage) {
+  int bits = -1;
+  guarded([&] { bits = dtype_bits(find_stage(stage).dtypes); });
+  return bits;
+}
+
+int flashstep_stage_backward_dtypes(const char* stage) {
+  int bits = -1;
+  guarded([&] {
+    const Stage& s = find_stage(stage);
+    bits = s.backward ? dtype_bits(s.backward_dtypes) : 0;
+  });
+  return bits;
+}
+
 int flashstep_forward(const char* stage, int64_t B, int64_t H, int64_t Nq, int64_t Nk,
                       int64_t d, int causal, double scale, const float* Q, const float* K,
                       const float* V, float* O, float* L, void* stream) {
+  return flashstep_forward_typed(stage, FLASHSTEP_FP32, B, H, Nq, Nk, d, causal, scale, Q, K, V,
+                                 O, L, stream);
+}
+
+int flashstep_forward_typed(const char* stage, int dtype, int64_t B, int64_t H, int64_t Nq,
+                            int64_t Nk, int64_t d, int causal, double scale, const void* Q,
+                            const void* K, const void* V, void* O, float* L, void* stream) {
   return guarded([&] {
-    forward(stage, make_problem(B, H, Nq, Nk, d, causal, scale), Q, K, V, O, L, stream);
+    forward(stage, dtype, make_problem(B, H, Nq, Nk, d, causal, scale), Q, K, V, O, L, stream);
   });
 }
 
@@ -468,9 +535,17 @@ int flashstep_backward(const char* stage, int64_t B, int64_t H, int64_t Nq, int6
                        int64_t d, int causal, double scale, const float* Q, const float* K,
                        const float* V, const float* O, const float* L, const float* dO,
                        float* dQ, float* dK, float* dV, void* stream) {
+  return flashstep_backward_typed(stage, FLASHSTEP_FP32, B, H, Nq, Nk, d, causal, scale, Q, K, V,
+                                  O, L, dO, dQ, dK, dV, stream);
+}
+
+int flashstep_backward_typed(const char* stage, int dtype, int64_t B, int64_t H, int64_t Nq,
+                             int64_t Nk, int64_t d, int causal, double scale, const void* Q,
+                             const void* K, const void* V, const void* O, const float* L,
+                             const void* dO, void* dQ, void* dK, void* dV, void* stream) {
   return guarded([&] {
-    backward(stage, make_problem(B, H, Nq, Nk, d, causal, scale), Q, K, V, O, L, dO, dQ, dK,
-             dV, stream);
+    backward(stage, dtype, make_problem(B, H, Nq, Nk, d, causal, scale), Q, K, V, O, L, dO, dQ,
+             dK, dV, stream);
   });
 }
 

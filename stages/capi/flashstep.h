@@ -4,11 +4,14 @@
  *  tensors you own, from C or through a foreign-function interface (Python's
  *  ctypes: notebooks/flashstep.py).
  *
- *  Every stage solves the same problem (stages/common/stage.h): fp32,
- *  row-major, contiguous Q [B,H,Nq,d], K and V [B,H,Nk,d] in; O [B,H,Nq,d] and,
- *  for a stage that writes it, the logsumexp L [B,H,Nq] out; the causal mask is
+ *  Every stage solves the same problem (stages/common/stage.h): row-major,
+ *  contiguous Q [B,H,Nq,d], K and V [B,H,Nk,d] in; O [B,H,Nq,d] and, for a
+ *  stage that writes it, the logsumexp L [B,H,Nq] out; the causal mask is
  *  aligned bottom-right (query i sees key j iff j <= i + Nk - Nq), and a row
- *  that sees no key gives O = 0, L = -inf.
+ *  that sees no key gives O = 0, L = -inf. Q, K, V and O (and the backward's
+ *  dO, dQ, dK, dV) are in one element type, a flashstep_dtype: fp32 for
+ *  flashstep_forward and flashstep_backward, any type the stage runs in for
+ *  the _typed entry points. L is fp32 in every type.
  *
  *  Errors: every function that can fail returns a flashstep_status code and
  *  leaves a one-line message for flashstep_last_error(); no C++ exception
@@ -43,12 +46,22 @@ typedef enum flashstep_status {
   FLASHSTEP_EINVAL = 1,    /**< a bad argument: sizes, scale, a null, misaligned,
                                 overlapping or non-device pointer, L missing */
   FLASHSTEP_ESTAGE = 2,    /**< no registered stage has that name, or (flashstep_backward)
-                                the stage has no backward pass */
+                                the stage has no backward pass, or the stage (or its
+                                backward) does not run in the element type asked for */
   FLASHSTEP_ENOMEM = 3,    /**< the stage's workspace does not fit in free device memory */
   FLASHSTEP_ECUDA = 4,     /**< the CUDA runtime failed: no driver or device, or a
                                 launch error */
   FLASHSTEP_EINTERNAL = 5  /**< anything else (a bug in flashstep: please report it) */
 } flashstep_status;
+
+/** Element types of Q, K, V and O (and dO, dQ, dK, dV). Stable values:
+ *  bindings may hard-code them. Inputs are read and outputs written in the
+ *  type; every sum inside a stage is fp32, and L is fp32 in every type. */
+typedef enum flashstep_dtype {
+  FLASHSTEP_FP32 = 0,  /**< float (torch.float32) */
+  FLASHSTEP_FP16 = 1,  /**< IEEE binary16 (torch.float16, CUDA's __half) */
+  FLASHSTEP_BF16 = 2   /**< bfloat16 (torch.bfloat16, CUDA's __nv_bfloat16) */
+} flashstep_dtype;
 
 /** Number of registered stages (and variants), in stage order. */
 FLASHSTEP_API int flashstep_stage_count(void);
@@ -69,8 +82,18 @@ FLASHSTEP_API int flashstep_stage_writes_lse(const char* stage);
  *  stage has that name. */
 FLASHSTEP_API int flashstep_stage_has_backward(const char* stage);
 
-/** Runs one stage's forward pass: queues its kernels on `stream` and returns
- *  without waiting for them (like a PyTorch op).
+/** The element types the named stage's forward runs in, as bits: bit
+ *  (1 << code) is set for each flashstep_dtype code it supports (stages 01-06:
+ *  fp32; 02 and 03 also fp16 and bf16). -1 (and a message for
+ *  flashstep_last_error()) when no stage has that name. */
+FLASHSTEP_API int flashstep_stage_dtypes(const char* stage);
+
+/** The same for the stage's backward pass: 0 for a stage without one. */
+FLASHSTEP_API int flashstep_stage_backward_dtypes(const char* stage);
+
+/** Runs one stage's forward pass in fp32: flashstep_forward_typed with
+ *  FLASHSTEP_FP32. Queues its kernels on `stream` and returns without waiting
+ *  for them (like a PyTorch op).
  *
  *  \param stage   a stage name ("04_fa2_q_outer") or a number ("04", "4") that
  *                 selects exactly one stage
@@ -88,14 +111,15 @@ FLASHSTEP_API int flashstep_stage_has_backward(const char* stage);
  *  \param stream  a cudaStream_t (NULL: the legacy default stream) of the
  *                 current device, on which all pointers must live
  *
- *  Checks, in this order, before touching the GPU: the stage name; the problem
- *  (sizes, d, scale); null pointers; 4-byte alignment; L given to a stage that
- *  writes it; overlap of O and L with the inputs. Then, through CUDA: that every
- *  pointer is device or managed memory on the current device, and that the
- *  stage's workspace fits in free device memory. The workspace (stages 01-03:
- *  S and P, or l and m) is allocated on `stream` for this call and freed after
- *  it in stream order. An error in a kernel while it runs shows up, as with
- *  PyTorch, at the next synchronizing CUDA call.
+ *  Checks, in this order, before touching the GPU: the stage name; that it
+ *  runs in fp32 (FLASHSTEP_ESTAGE if not); the problem (sizes, d, scale); null
+ *  pointers; 4-byte alignment; L given to a stage that writes it; overlap of
+ *  O and L with the inputs. Then, through CUDA: that every pointer is device
+ *  or managed memory on the current device, and that the stage's workspace
+ *  fits in free device memory. The workspace (stages 01-03: S and P, or l and
+ *  m, and stage 03's fp32 running O in 16 bits) is allocated on `stream` for
+ *  this call and freed after it in stream order. An error in a kernel while
+ *  it runs shows up, as with PyTorch, at the next synchronizing CUDA call.
  *
  *  \return FLASHSTEP_OK or an error code; see flashstep_last_error(). */
 FLASHSTEP_API int flashstep_forward(const char* stage, int64_t B, int64_t H, int64_t Nq,
@@ -103,9 +127,32 @@ FLASHSTEP_API int flashstep_forward(const char* stage, int64_t B, int64_t H, int
                                     const float* Q, const float* K, const float* V, float* O,
                                     float* L, void* stream);
 
-/** Runs one stage's backward pass: the gradients dQ, dK, dV of a loss whose
- *  gradient in O is dO (for the loss sum(O * dO), dO is exactly that), queued
- *  on `stream` without waiting, like flashstep_forward.
+/** Runs one stage's forward pass with Q, K, V and O in element type `dtype`
+ *  (a flashstep_dtype), as flashstep_forward does in fp32. A stage rounds
+ *  only where its algorithm stores in the type (O; stage 02 also P), and
+ *  computes every sum in fp32; L is fp32.
+ *
+ *  \param dtype   FLASHSTEP_FP32, FLASHSTEP_FP16 or FLASHSTEP_BF16; any other
+ *                 value is FLASHSTEP_EINVAL, and a type the stage does not run
+ *                 in (flashstep_stage_dtypes) FLASHSTEP_ESTAGE, with a message
+ *                 naming the types it has
+ *  \param Q,K,V,O as for flashstep_forward, with elements of `dtype`: each
+ *                 pointer aligned to one element (4 bytes in fp32, 2 in fp16
+ *                 and bf16)
+ *  The other parameters are flashstep_forward's.
+ *
+ *  Checks, in this order, before touching the GPU: the stage name; the dtype
+ *  and that the stage runs in it; then flashstep_forward's, with alignment to
+ *  one element. */
+FLASHSTEP_API int flashstep_forward_typed(const char* stage, int dtype, int64_t B, int64_t H,
+                                          int64_t Nq, int64_t Nk, int64_t d, int causal,
+                                          double scale, const void* Q, const void* K,
+                                          const void* V, void* O, float* L, void* stream);
+
+/** Runs one stage's backward pass in fp32 (flashstep_backward_typed with
+ *  FLASHSTEP_FP32): the gradients dQ, dK, dV of a loss whose gradient in O is
+ *  dO (for the loss sum(O * dO), dO is exactly that), queued on `stream`
+ *  without waiting, like flashstep_forward.
  *
  *  O and L are the forward's outputs for the same stage, Q, K, V, causal and
  *  scale (flashstep_forward's); both are read, never written. Every backward
@@ -136,9 +183,10 @@ FLASHSTEP_API int flashstep_forward(const char* stage, int64_t B, int64_t H, int
  *
  *  dQ, dK and dV must overlap no input and each other; inputs may share memory.
  *  Checks, in this order, before touching the GPU: the stage name, and that it
- *  has a backward; the problem; null pointers; 4-byte alignment; overlap of dQ,
- *  dK and dV with the inputs and each other. Then, through CUDA: that every
- *  pointer is device or managed memory on the current device, and that the
+ *  has a backward that runs in fp32; the problem; null pointers; 4-byte
+ *  alignment; overlap of dQ, dK and dV with the inputs and each other. Then,
+ *  through CUDA: that every pointer is device or managed memory on the
+ *  current device, and that the
  *  workspace (the backward's, plus a re-run forward's) fits in free device
  *  memory; it is allocated and freed in stream order, as the forward's is.
  *  Stage 05 sums dQ with atomic adds, so its last bits may differ from run to
@@ -150,6 +198,21 @@ FLASHSTEP_API int flashstep_backward(const char* stage, int64_t B, int64_t H, in
                                      const float* Q, const float* K, const float* V,
                                      const float* O, const float* L, const float* dO,
                                      float* dQ, float* dK, float* dV, void* stream);
+
+/** Runs one stage's backward pass with Q, K, V, O, dO, dQ, dK and dV in
+ *  element type `dtype`, as flashstep_backward does in fp32; L is fp32. A
+ *  type the stage's backward does not run in (flashstep_stage_backward_dtypes;
+ *  today every backward is fp32 only) is FLASHSTEP_ESTAGE, with a message
+ *  naming the types it has; an unknown dtype code is FLASHSTEP_EINVAL.
+ *  Checks, in this order: the stage name and that it has a backward; the
+ *  dtype and that the backward runs in it; then flashstep_backward's, with
+ *  alignment to one element. */
+FLASHSTEP_API int flashstep_backward_typed(const char* stage, int dtype, int64_t B, int64_t H,
+                                           int64_t Nq, int64_t Nk, int64_t d, int causal,
+                                           double scale, const void* Q, const void* K,
+                                           const void* V, const void* O, const float* L,
+                                           const void* dO, void* dQ, void* dK, void* dV,
+                                           void* stream);
 
 /** One line naming what the calling thread's last failed call got wrong, e.g.
  *  "d must be <= 256, got 300"; "" after a successful call. Valid until this
