@@ -6,9 +6,12 @@
     flashstep.stages()        # ['01_naive', ..., '05_sequence_parallel']
     o, lse = flashstep.forward(q, k, v, stage="04_fa2_q_outer", causal=True)
 
-q [B,H,Nq,d], k and v [B,H,Nk,d]: float32, contiguous, on one CUDA device.
-o is [B,H,Nq,d]; lse (the logsumexp L) is [B,H,Nq], or None for a stage that
-writes none (01_naive). The causal mask is aligned bottom-right (query i sees
+q [B,H,Nq,d], k and v [B,H,Nk,d]: contiguous, on one CUDA device, all float32,
+all float16 or all bfloat16, in a type the stage runs in (dtypes(stage):
+every stage runs in float32; 02_safe_softmax and 03_fa1_kv_outer also in
+float16 and bfloat16). o is [B,H,Nq,d] in q's dtype; lse (the logsumexp L) is
+[B,H,Nq] float32 in every dtype, or None for a stage that writes none
+(01_naive). The causal mask is aligned bottom-right (query i sees
 key j iff j <= i + Nk - Nq), unlike SDPA's is_causal (top-left) when Nq != Nk.
 The kernels run on torch's current stream.
 
@@ -20,7 +23,8 @@ The backward, for a stage that has one (backward_stages(): 02_safe_softmax,
     (o * do).sum().backward()                                  # q.grad, k.grad, v.grad
 
 o and lse must be what forward() returned for the same stage and arguments;
-do is the loss's gradient in o, shaped like o. flashstep.Attention is the
+do is the loss's gradient in o, shaped like o. The backwards run in float32
+only (backward_dtypes(stage)). flashstep.Attention is the
 torch.autograd.Function behind attention() (Attention.apply(q, k, v, stage,
 causal, scale)); it supports one backward, not double backward.
 
@@ -31,8 +35,9 @@ forward(), backward(), attention() or the self-test runs (or Attention is
 first used), so CPU-only tools can call stages().
 
     python3 notebooks/flashstep.py             # list the stages
-    python3 notebooks/flashstep.py --selftest  # on a GPU: every stage against fp64 SDPA,
-                                               # every backward against fp64 autograd
+    python3 notebooks/flashstep.py --selftest  # on a GPU: every stage, in each of its
+                                               # dtypes, against fp64 SDPA; every backward
+                                               # against fp64 autograd
 """
 import argparse
 import ctypes
@@ -48,6 +53,9 @@ DEFAULT_STAGE = "05_sequence_parallel"
 
 # flashstep_status in stages/capi/flashstep.h.
 OK, EINVAL, ESTAGE, ENOMEM, ECUDA, EINTERNAL = range(6)
+# flashstep_dtype in stages/capi/flashstep.h, by name; torch's dtypes by the same names.
+DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
+TORCH_DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 CODE_NAMES = {OK: "FLASHSTEP_OK", EINVAL: "FLASHSTEP_EINVAL", ESTAGE: "FLASHSTEP_ESTAGE",
               ENOMEM: "FLASHSTEP_ENOMEM", ECUDA: "FLASHSTEP_ECUDA",
               EINTERNAL: "FLASHSTEP_EINTERNAL"}
@@ -99,14 +107,26 @@ def _load():
         lib.flashstep_stage_writes_lse.restype = ctypes.c_int
         lib.flashstep_stage_has_backward.argtypes = [ctypes.c_char_p]
         lib.flashstep_stage_has_backward.restype = ctypes.c_int
+        lib.flashstep_stage_dtypes.argtypes = [ctypes.c_char_p]
+        lib.flashstep_stage_dtypes.restype = ctypes.c_int
+        lib.flashstep_stage_backward_dtypes.argtypes = [ctypes.c_char_p]
+        lib.flashstep_stage_backward_dtypes.restype = ctypes.c_int
         lib.flashstep_forward.argtypes = [
             ctypes.c_char_p, i64, i64, i64, i64, i64, ctypes.c_int, ctypes.c_double,
             ptr, ptr, ptr, ptr, ptr, ptr]
         lib.flashstep_forward.restype = ctypes.c_int
+        lib.flashstep_forward_typed.argtypes = [
+            ctypes.c_char_p, ctypes.c_int, i64, i64, i64, i64, i64, ctypes.c_int,
+            ctypes.c_double, ptr, ptr, ptr, ptr, ptr, ptr]
+        lib.flashstep_forward_typed.restype = ctypes.c_int
         lib.flashstep_backward.argtypes = [
             ctypes.c_char_p, i64, i64, i64, i64, i64, ctypes.c_int, ctypes.c_double,
             ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
         lib.flashstep_backward.restype = ctypes.c_int
+        lib.flashstep_backward_typed.argtypes = [
+            ctypes.c_char_p, ctypes.c_int, i64, i64, i64, i64, i64, ctypes.c_int,
+            ctypes.c_double, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+        lib.flashstep_backward_typed.restype = ctypes.c_int
         lib.flashstep_last_error.argtypes = []
         lib.flashstep_last_error.restype = ctypes.c_char_p
         _lib = lib
@@ -152,6 +172,33 @@ def backward_stages():
     return [name for name in stages() if has_backward(name)]
 
 
+def _dtype_names(bits):
+    return [name for name, code in DTYPE_CODES.items() if bits >> code & 1]
+
+
+def dtypes(stage):
+    """The element types the stage's forward runs in, as names in code order
+    (fp32, fp16, bf16), e.g. ['fp32', 'fp16', 'bf16']; FlashstepError for an
+    unknown stage."""
+    bits = _load().flashstep_stage_dtypes(_stage_bytes(stage))
+    if bits < 0:
+        raise FlashstepError(ESTAGE, last_error())
+    return _dtype_names(bits)
+
+
+def backward_dtypes(stage):
+    """The element types the stage's backward runs in ([] without a backward)."""
+    bits = _load().flashstep_stage_backward_dtypes(_stage_bytes(stage))
+    if bits < 0:
+        raise FlashstepError(ESTAGE, last_error())
+    return _dtype_names(bits)
+
+
+def _dtype_name(t):
+    """'fp32', 'fp16' or 'bf16' for a torch dtype, else None."""
+    return TORCH_DTYPE_NAMES.get(str(t).replace("torch.", ""))
+
+
 def _require_backward(stage):
     """FlashstepError (ESTAGE), naming the stages that have one, unless stage has a backward."""
     if not has_backward(stage):
@@ -173,9 +220,11 @@ def _check_inputs(torch, q, k, v):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in named:
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name} must be torch.float32 (flashstep's stages are fp32), "
-                            f"got {t.dtype}")
+        if _dtype_name(t.dtype) is None:
+            raise TypeError(f"{name} must be torch.float32, torch.float16 or torch.bfloat16 "
+                            f"(flashstep's element types), got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     for name, t in named:
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
@@ -195,13 +244,12 @@ def _check_inputs(torch, q, k, v):
                          "disagree on B, H or d")
 
 
-def _check_like(torch, name, t, shape, device, what):
+def _check_like(torch, name, t, shape, device, what, dtype):
     """One clear error for the first thing wrong with one more tensor (o, lse, do)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise TypeError(f"{name} must be torch.float32 (flashstep's stages are fp32), "
-                        f"got {t.dtype}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
     if not t.is_cuda:
         raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
     if t.device != device:
@@ -234,16 +282,19 @@ def _call(torch, call):
 
 
 def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
-    """Runs one stage: returns (o, lse), lse None for a stage that writes no L.
+    """Runs one stage in q's dtype: returns (o, lse), o in q's dtype, lse float32
+    or None for a stage that writes no L.
 
     scale: softmax scale, None for 1/sqrt(d). Queued on torch's current stream
     of q's device, like any torch op. FlashstepError (a RuntimeError) carries
-    the library's one-line message when the library refuses or fails."""
+    the library's one-line message when the library refuses or fails (ESTAGE
+    for a dtype the stage does not run in, naming the ones it does)."""
     import torch
 
     _check_inputs(torch, q, k, v)
     scale_arg = _scale_arg(scale)
     lse_written = writes_lse(stage)
+    code = DTYPE_CODES[_dtype_name(q.dtype)]
     lib = _load()
     B, H, Nq, d = q.shape
     Nk = k.shape[2]
@@ -252,8 +303,8 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
         lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device) if lse_written else None
         stream = torch.cuda.current_stream(q.device).cuda_stream
 
-        _call(torch, lambda: lib.flashstep_forward(
-            _stage_bytes(stage), B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
+        _call(torch, lambda: lib.flashstep_forward_typed(
+            _stage_bytes(stage), code, B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
             lse.data_ptr() if lse is not None else None, stream))
     return o, lse
@@ -264,10 +315,12 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
 
     o and lse are what forward() returned for the same stage, q, k, v, causal
     and scale (both are read, never written); do is the loss's gradient in o,
-    [B,H,Nq,d]. All float32, contiguous, on q's CUDA device. A stage whose
-    forward saves state for its backward (02_safe_softmax: P) has its forward
-    re-run by the library first (stages/capi/flashstep.h). Queued on torch's
-    current stream; FlashstepError (ESTAGE) for a stage without a backward."""
+    [B,H,Nq,d]. Contiguous, on q's CUDA device; o, do and the results in q's
+    dtype, lse float32. A stage whose forward saves state for its backward
+    (02_safe_softmax: P) has its forward re-run by the library first
+    (stages/capi/flashstep.h). Queued on torch's current stream;
+    FlashstepError (ESTAGE) for a stage without a backward, or one whose
+    backward does not run in q's dtype (backward_dtypes: float32 today)."""
     import torch
 
     _require_backward(stage)
@@ -277,18 +330,19 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
                          "[B,H,Nq], which forward() returns for the stages that have a backward")
     B, H, Nq, d = q.shape
     Nk = k.shape[2]
-    _check_like(torch, "o", o, q.shape, q.device, "[B,H,Nq,d] like q")
-    _check_like(torch, "lse", lse, (B, H, Nq), q.device, "[B,H,Nq]")
-    _check_like(torch, "do", do, q.shape, q.device, "[B,H,Nq,d] like q")
+    _check_like(torch, "o", o, q.shape, q.device, "[B,H,Nq,d] like q", q.dtype)
+    _check_like(torch, "lse", lse, (B, H, Nq), q.device, "[B,H,Nq]", torch.float32)
+    _check_like(torch, "do", do, q.shape, q.device, "[B,H,Nq,d] like q", q.dtype)
     scale_arg = _scale_arg(scale)
+    code = DTYPE_CODES[_dtype_name(q.dtype)]
     lib = _load()
     with torch.cuda.device(q.device):
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        _call(torch, lambda: lib.flashstep_backward(
-            _stage_bytes(stage), B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
+        _call(torch, lambda: lib.flashstep_backward_typed(
+            _stage_bytes(stage), code, B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
             do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), stream))
     return dq, dk, dv
@@ -326,7 +380,7 @@ def _attention():
                 q, k, v, o, lse = ctx.saved_tensors
                 stage, causal, scale = ctx.flashstep_args
                 # do is often not contiguous (o.sum() hands back a stride-0 expand).
-                do = do.to(torch.float32).contiguous()
+                do = do.to(q.dtype).contiguous()
                 dq, dk, dv = run_backward(q, k, v, o, lse, do, stage=stage, causal=causal,
                                           scale=scale)
                 return dq, dk, dv, None, None, None
@@ -338,8 +392,13 @@ def _attention():
 def attention(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
     """o = attention(q, k, v) through autograd: o.backward(...) (or any loss of o)
     fills q.grad, k.grad and v.grad with the stage's backward. Inputs as for
-    forward(); FlashstepError (ESTAGE), up front, for a stage without a backward."""
+    forward(); FlashstepError (ESTAGE), up front, for a stage without a backward
+    or one whose backward does not run in q's dtype."""
     _require_backward(stage)
+    name, have = _dtype_name(getattr(q, "dtype", None)), backward_dtypes(stage)
+    if name is not None and name not in have:
+        raise FlashstepError(ESTAGE, f"stage {stage}'s backward does not run in {name} "
+                                     f"(it runs in {', '.join(have)})")
     return _attention().apply(q, k, v, stage, causal, scale)
 
 
@@ -354,7 +413,10 @@ def __getattr__(name):
 # Self-test (python3 notebooks/flashstep.py --selftest): needs a GPU and torch.
 
 # |got - want| <= ATOL + RTOL * |want|: the CLI's kFp32Tolerance (common/check.h).
+# In fp16 and bf16, o is held to FlashAttention's rule instead (_truth).
 ATOL, RTOL = 1e-5, 1e-4
+# flashstep's dtype names and torch's dtypes, filled in when torch is imported.
+TORCH_DTYPES = {}
 # (B, H, Nq, Nk, d, causal, scale): ragged sizes; Nq > Nk causal leaves rows
 # that see no key (O = 0, L = -inf); d = 256 and a non-default scale. The
 # scale stays modest: at 0.3 with d = 256 the logits reach ~40 and fp32
@@ -407,6 +469,38 @@ def _reference(torch, q, k, v, causal, scale):
         s = s.masked_fill(~mask, -math.inf)
         o = o.masked_fill(~mask.any(dim=-1)[:, None], 0.0)
     return o, torch.logsumexp(s, dim=-1)
+
+
+def _naive(torch, q, k, v, causal, scale):
+    """O of attention done naively in q's 16-bit dtype, common/check.h's O_naive:
+    S and its softmax in fp32 from the (rounded) inputs, P rounded to the dtype,
+    O = P V summed in fp32 and rounded. Rows that see no key give 0."""
+    Nq, Nk, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(Nq, device=q.device)[:, None]
+        j = torch.arange(Nk, device=q.device)[None, :]
+        mask = j <= i + (Nk - Nq)  # True: may attend
+        s = s.masked_fill(~mask, -math.inf).masked_fill(~mask.any(dim=-1)[:, None], 0.0)
+        p = torch.softmax(s, dim=-1).masked_fill(~mask, 0.0)
+    else:
+        p = torch.softmax(s, dim=-1)
+    return (p.to(q.dtype).float() @ v.float()).to(q.dtype)
+
+
+def _truth(torch, q, k, v, causal, scale, dtype):
+    """What a stage running in `dtype` is checked against (common/check.h):
+    ((q, k, v) rounded to dtype, fp64 o and lse from them, the bound on o).
+    The bound is None in float32 (ATOL + RTOL |o|, elementwise); in 16 bits it
+    is FlashAttention's rule: twice the error of naive attention in that dtype,
+    plus ATOL, over all of o."""
+    qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
+    o_ref, l_ref = _reference(torch, qd, kd, vd, causal, scale)
+    if dtype == torch.float32:
+        return (qd, kd, vd), o_ref, l_ref, None
+    naive = _naive(torch, qd, kd, vd, causal, scale).double()
+    return (qd, kd, vd), o_ref, l_ref, 2 * (naive - o_ref).abs().max().item() + ATOL
 
 
 def _reference_grads(torch, q, k, v, do, causal, scale):
@@ -534,27 +628,42 @@ def selftest():
     dev = torch.device("cuda", torch.cuda.current_device())
     print(f"selftest: {library_path()}; torch {torch.__version__}; "
           f"{torch.cuda.get_device_name(dev)}")
+    TORCH_DTYPES.update(fp32=torch.float32, fp16=torch.float16, bf16=torch.bfloat16)
     gen = torch.Generator(device=dev).manual_seed(0)
     problems = []
     for B, H, Nq, Nk, d, causal, scale in SELFTEST_PROBLEMS:
         q, k, v = _inputs(torch, B, H, Nq, Nk, d, dev, gen)
         problems.append((q, k, v, causal, scale, _reference(torch, q, k, v, causal, scale)))
 
+    truths = {}  # (problem, dtype name) -> _truth(...), made when first needed
+
+    def truth(i, name):
+        if (i, name) not in truths:
+            q, k, v, causal, scale, _ = problems[i]
+            truths[i, name] = _truth(torch, q, k, v, causal, scale, TORCH_DTYPES[name])
+        return truths[i, name]
+
     failures = 0
-    for stage in stages():
+    for stage, name in [(s, n) for s in stages() for n in dtypes(s)]:
         worst_o = worst_l = 0.0
         bad = 0
         notes = []
         try:
-            for q, k, v, causal, scale, (o_ref, l_ref) in problems:
+            for i, (_, _, _, causal, scale, _) in enumerate(problems):
+                (q, k, v), o_ref, l_ref, bound = truth(i, name)
                 o, lse = forward(q, k, v, stage=stage, causal=causal, scale=scale)
-                e, n = _compare(torch, o, o_ref)
+                if o.dtype != q.dtype:
+                    notes.append(f"o is {o.dtype}, not q's {q.dtype}")
+                    bad += 1
+                e, n = _compare(torch, o, o_ref) if bound is None else \
+                    _compare(torch, o, o_ref, atol=bound, rtol=0.0)
                 worst_o, bad = max(worst_o, e), bad + n
                 if lse is not None:
                     e, n = _compare(torch, lse, l_ref)
                     worst_l, bad = max(worst_l, e), bad + n
             # On a side stream: same result as on the default stream.
-            q, k, v, causal, scale, _ = problems[1]
+            (q, k, v), _, _, _ = truth(1, name)
+            causal, scale = problems[1][3], problems[1][4]
             o_default, _ = forward(q, k, v, stage=stage, causal=causal, scale=scale)
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
@@ -578,7 +687,7 @@ def selftest():
         status = "ok" if bad == 0 else "FAIL"
         failures += bad != 0
         l_text = f"{worst_l:.1e}" if writes_lse(stage) else "-"
-        print(f"  {stage:<24} max err O {worst_o:.1e}  L {l_text:<8} {status}"
+        print(f"  {stage:<24} {name}  max err O {worst_o:.1e}  L {l_text:<8} {status}"
               + (f"  ({'; '.join(notes)})" if notes else ""))
 
     failures += _selftest_backward(torch, dev, gen)
@@ -606,9 +715,35 @@ def selftest():
         if code != OK:
             raise FlashstepError(code, last_error())
 
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    ob = torch.empty_like(qb)
+
+    def raw_typed(dtype_code, qp, stage="02_safe_softmax"):
+        B, H, Nq, d = q.shape
+        code = lib.flashstep_forward_typed(stage.encode(), dtype_code, B, H, Nq, k.shape[2], d, 0,
+                                           0.0, qp, kb.data_ptr(), vb.data_ptr(), ob.data_ptr(),
+                                           lse.data_ptr(), None)
+        if code != OK:
+            raise FlashstepError(code, last_error())
+
+    def backward_in_bf16():
+        o16, lse16 = forward(qb, kb, vb, stage="02_safe_softmax")
+        return backward(qb, kb, vb, o16, lse16, o16, stage="02_safe_softmax")
+
     big = torch.ones(1, 1, ENOMEM_N, 1, device=dev)
     with_backward = ", ".join(backward_stages())
     checks = [
+        ("bf16 q with float32 k and v", lambda: forward(qb, k, v), TypeError, "share one dtype",
+         None),
+        ("bf16 on a stage that runs in fp32 only", lambda: forward(qb, kb, vb, stage="04_fa2_q_outer"),
+         FlashstepError, "04_fa2_q_outer does not run in bf16 (it runs in fp32)", ESTAGE),
+        ("backward in bf16 (the backwards are fp32)", backward_in_bf16, FlashstepError,
+         "02_safe_softmax's backward does not run in bf16 (it runs in fp32)", ESTAGE),
+        ("ABI typed: bf16 Q at an odd address", lambda: raw_typed(DTYPE_CODES["bf16"],
+                                                                 qb.data_ptr() + 1),
+         FlashstepError, "not aligned to 2 bytes (one bf16 element)", EINVAL),
+        ("ABI typed: an unknown dtype code", lambda: raw_typed(7, qb.data_ptr()),
+         FlashstepError, "got 7", EINVAL),
         ("float64 q", lambda: forward(q.double(), k, v), TypeError, "torch.float32", None),
         ("CPU tensors", lambda: forward(q_host, k.cpu(), v.cpu()), ValueError, "CUDA tensor",
          None),
@@ -702,7 +837,8 @@ def main():
         sys.exit(selftest())
     print(f"{library_path()}:")
     for name, title in titles().items():
-        print(f"  {name:<24} {title}" + ("  (+ backward)" if has_backward(name) else ""))
+        print(f"  {name:<24} {title}  [{', '.join(dtypes(name))}]"
+              + ("  (+ backward)" if has_backward(name) else ""))
 
 
 if __name__ == "__main__":
