@@ -139,7 +139,8 @@ FLASHSTEP_API int flashstep_forward(const char* stage, int64_t B, int64_t H, int
  *  \param Q,K,V,O as for flashstep_forward, with elements of `dtype`: each
  *                 pointer aligned to one element (4 bytes in fp32, 2 in fp16
  *                 and bf16)
- *  The other parameters are flashstep_forward's.
+ *  \param stage,B,H,Nq,Nk,d,causal,scale,L,stream  as for flashstep_forward
+ *                 (L is fp32 in every type)
  *
  *  Checks, in this order, before touching the GPU: the stage name; the dtype
  *  and that the stage runs in it; then flashstep_forward's, with alignment to

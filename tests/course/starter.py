@@ -94,9 +94,12 @@ Made by `tests/course/starter.py {ref} {out}`; the reference solution is
 
 ## The contract (stages/common/stage.h)
 
-fp32 row-major `Q [B,H,Nq,d]`, `K, V [B,H,Nk,d]` in; `O [B,H,Nq,d]` and, for a
+Row-major `Q [B,H,Nq,d]`, `K, V [B,H,Nk,d]` in; `O [B,H,Nq,d]` and, for a
 stage with `writes_lse`, `L [B,H,Nq]` (natural-log logsumexp of the scaled
-scores) out. Any `d` in 1..256 and any `Nq, Nk >= 1`. Causal: query `i` sees key
+scores) out. Q, K, V and O are in the problem's element type (`p.dtype`;
+`ForwardTensors` holds them as `void*`, cast where you read them) and L is fp32;
+a stage runs in the types its registry entry lists (`Stage::dtypes`, fp32
+unless it says more). Any `d` in 1..256 and any `Nq, Nk >= 1`. Causal: query `i` sees key
 `j` iff `j <= i + Nk - Nq` (`Problem::visible_keys`). A row that sees no key
 gives `O = 0`, `L = -inf`, never NaN. The tests poison `O` and `L` before each
 run, so every element must be written. A CPU mirror (where the stage has one)
