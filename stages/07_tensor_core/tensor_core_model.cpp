@@ -1,0 +1,119 @@
+// Stage 07's closed-form model and registry entries (host only).
+//
+// FlashAttention-2's work (common/fa2_model.cpp states the counting
+// conventions) on the step's tiles (tensor_core_tiles.h), in the problem's
+// element type: Q, K, V and O elements are 2 bytes, L stays 4. For one head,
+// summed over Q blocks i of R_i valid rows that visit n_i K/V tiles holding
+// C_i = min(n_i Bc, Nk) keys:
+// - HBM: Qi read once (if n_i > 0), Kj and Vj once per visited (i, j); O_i
+//   and L_i written once.
+// - SRAM writes: Qi, Kj, Vj (R_i d + 2 C_i d elements); O_i staged through
+//   shared memory on its way out (R_i d); steps 1-3 also P~ (R_i C_i).
+// - SRAM reads, as the warps load fragments: each of the W warps reads its
+//   own rows of Qi and ALL of Kj and Vj once per visited tile, so Qi costs
+//   R_i d per tile and Kj, Vj cost W C d each. More rows per warp (fewer
+//   warps for the same Br) is what makes a tile's K and V fragments serve
+//   more rows. Plus P~ read back (steps 1-3) and O_i copied out.
+// - FLOPs: 4 R_i C_i d matmul; the softmax's as in fa2_model.cpp.
+#include <algorithm>
+#include <utility>
+
+#include "tensor_core.h"
+
+namespace flashstep::tensor_core {
+
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Bytes of L's elements: fp32 whatever the inputs' type.
+constexpr std::int64_t kLseBytes = 4;
+// Non-matmul FLOPs per score (scale, max, subtract, exp2, add to the row sum),
+// per row and visited tile besides the d rescales (subtract, exp2, l * alpha),
+// and per row at the end besides the d divisions (1/l, log2, add, times ln 2).
+constexpr std::int64_t kFlopsPerScore = 5;
+constexpr std::int64_t kFlopsPerRowTile = 3;
+constexpr std::int64_t kFlopsPerRowEnd = 4;
+
+}  // namespace
+
+std::int64_t workspace_bytes(const Problem&) { return 0; }
+
+template <Step kStep>
+Cost model(const Problem& p) {
+  const TileShape shape = tile_shape(head_dim_bucket(p.d), kStep);
+  const std::int64_t e = dtype_bytes(p.dtype);
+  const std::int64_t d = p.d;
+  const std::int64_t Tr = ceil_div(p.Nq, shape.br);
+  const std::int64_t Tc = ceil_div(p.Nk, shape.bc);
+  const bool p_in_smem = kStep < Step::kPInRegisters;
+  Cost head;
+  for (std::int64_t i = 0; i < Tr; ++i) {
+    const std::int64_t R = std::min<std::int64_t>(shape.br, p.Nq - i * shape.br);
+    const std::int64_t n = ceil_div(p.visible_keys(i * shape.br + R - 1), shape.bc);
+    head.skipped_tiles += Tc - n;
+    head.hbm_write_bytes += R * d * e + R * kLseBytes;  // O_i and L_i (0 and -inf if n = 0)
+    head.sram_write_bytes += R * d * e;                  // O_i staged
+    head.sram_read_bytes += R * d * e;
+    if (n == 0) continue;
+    const std::int64_t C = std::min(n * shape.bc, p.Nk);
+    head.hbm_read_bytes += (R + 2 * C) * d * e;
+    head.sram_write_bytes += ((R + 2 * C) * d + (p_in_smem ? R * C : 0)) * e;
+    head.sram_read_bytes +=
+        (n * R * d + 2 * shape.warps * C * d + (p_in_smem ? R * C : 0)) * e;
+    head.matmul_flops += 4 * R * C * d;
+    head.nonmatmul_flops += kFlopsPerScore * R * C + n * R * (kFlopsPerRowTile + d) +
+                            R * (d + kFlopsPerRowEnd);
+  }
+  const std::int64_t BH = p.heads();
+  Cost c;
+  c.hbm_read_bytes = BH * head.hbm_read_bytes;
+  c.hbm_write_bytes = BH * head.hbm_write_bytes;
+  c.sram_read_bytes = BH * head.sram_read_bytes;
+  c.sram_write_bytes = BH * head.sram_write_bytes;
+  c.matmul_flops = BH * head.matmul_flops;
+  c.nonmatmul_flops = BH * head.nonmatmul_flops;
+  c.skipped_tiles = BH * head.skipped_tiles;
+  c.thread_blocks = Tr * std::min(BH, kMaxGridY);
+  return c;
+}
+
+}  // namespace flashstep::tensor_core
+
+namespace flashstep {
+
+namespace {
+
+using tensor_core::Step;
+
+template <Step kStep>
+Stage entry(std::string_view name, std::string_view title, std::vector<DType> dtypes) {
+  Stage s;
+  s.name = name;
+  s.title = title;
+  s.writes_lse = true;
+  s.forward = tensor_core::forward<kStep>;
+  s.workspace_bytes = tensor_core::workspace_bytes;
+  s.model = tensor_core::model<kStep>;
+  s.dtypes = std::move(dtypes);
+  s.backward_dtypes = {};  // no backward yet: the "Stage 07 backward" issue
+  return s;
+}
+
+}  // namespace
+
+std::vector<Stage> stages_07_tensor_core() {
+  // The ablation steps run bf16 only: they are about how the tensor cores
+  // are fed, which the type does not change. The stage itself runs both.
+  const std::vector<DType> bf16 = {DType::kBf16};
+  return {
+      entry<Step::kPlainMma>("07_step1_plain_mma", "tensor cores: plain mma.sync", bf16),
+      entry<Step::kLdmatrix>("07_step2_ldmatrix", "+ ldmatrix, swizzled shared memory", bf16),
+      entry<Step::kCpAsync>("07_step3_cp_async", "+ cp.async pipeline", bf16),
+      entry<Step::kPInRegisters>("07_step4_p_in_registers", "+ P~ in registers", bf16),
+      entry<Step::kTunedTiles>("07_tensor_core", "FlashAttention-2 on tensor cores, tuned tiles",
+                               {DType::kBf16, DType::kFp16}),
+  };
+}
+
+}  // namespace flashstep
