@@ -2,7 +2,8 @@
 # compute-sanitizer over every selected stage at two ragged shapes, causal and
 # not: memcheck, racecheck, initcheck, synccheck. Each run launches the stage
 # once (--iters 0), and its backward too when it has one (--backward). Prints one line per run and a summary; exits non-zero on
-# any finding.
+# any finding. Each stage runs in its native element type; SANITIZE_FLAGS adds
+# flashstep flags to every run (e.g. SANITIZE_FLAGS="--dtype bf16").
 #   bash tests/sanitize.sh BUILD_DIR [stage selector, default all] [tools...]
 set -uo pipefail
 build=${1:?usage: tests/sanitize.sh BUILD_DIR [stages] [tools...]}
@@ -11,8 +12,9 @@ shift $(( $# >= 2 ? 2 : 1 ))
 tools=("$@")
 [ ${#tools[@]} -gt 0 ] || tools=(memcheck racecheck initcheck synccheck)
 exe="$build/stages/cli/flashstep"
-names=$("$exe" model --stage "$stages" --format csv | tail -n +2 | cut -d, -f1)
-with_backward=" $("$exe" model --backward --format csv 2>/dev/null | tail -n +2 | cut -d, -f1 | tr '\n' ' ')"
+read -r -a extra <<<"${SANITIZE_FLAGS:-}"
+names=$("$exe" model --stage "$stages" "${extra[@]}" --format csv | tail -n +2 | cut -d, -f1)
+with_backward=" $("$exe" model --backward "${extra[@]}" --format csv 2>/dev/null | tail -n +2 | cut -d, -f1 | tr '\n' ' ')"
 shapes=("--B 1 --H 2 --Nq 113 --Nk 203 --d 40" "--B 2 --H 1 --Nq 239 --Nk 97 --d 128")
 runs=0 bad=0
 for stage in $names; do
@@ -23,7 +25,7 @@ for stage in $names; do
       for tool in "${tools[@]}"; do
         # shellcheck disable=SC2086
         log=$(compute-sanitizer --tool "$tool" --error-exitcode 99 \
-              "$exe" --stage "$stage" $shape $causal $backward --iters 0 --no-check 2>&1)
+              "$exe" --stage "$stage" "${extra[@]}" $shape $causal $backward --iters 0 --no-check 2>&1)
         rc=$?
         runs=$((runs + 1))
         summary=$(grep -m1 "ERROR SUMMARY\|RACECHECK SUMMARY" <<<"$log")
