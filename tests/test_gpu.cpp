@@ -127,6 +127,31 @@ TEST_CASE("logits beyond fp32 exp's range (~88.7): only a stage that declares it
   }
 }
 
+TEST_CASE("any finite softmax scale: negative, zero and large, causal and not") {
+  // The contract allows any finite scale. A kernel that takes the row max
+  // over raw scores and scales inside the exponential (stage 07, as
+  // FlashAttention-2 does) is right only for a positive scale unless it
+  // handles the others: a negative scale flips which raw score is largest,
+  // and 0 turns a masked key's -inf into -inf * 0 = NaN.
+  const double scales[] = {-0.5, 0.0, 2.0};
+  std::uint64_t seed = 4000;
+  for (const Stage* s : selected()) {
+    for (DType t : s->dtypes) {
+      for (double scale : scales) {
+        for (bool causal : {false, true}) {
+          Problem p = flashstep::test::make_problem(1, 2, 97, 131, 64, causal);
+          p.dtype = t;
+          p.scale = scale;
+          CAPTURE(s->name);
+          CAPTURE(p.describe());
+          const auto in = flashstep::random_inputs(p, seed++);
+          check_outputs(*s, p, run_stage(*s, p, in), flashstep::forward_truth(p, in));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("NaN in Q or K reaches exactly the rows it touches; the rest stay right") {
   // Causal with Nk > Nq: query i sees keys 0 .. i + 30, so a key near the end
   // is seen by the last rows only. One NaN in Q and one in K, in different
