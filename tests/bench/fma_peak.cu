@@ -33,13 +33,12 @@
 #include <string>
 #include <vector>
 
-#include "common/cuda_check.h"
-#include "common/device.h"
-#include "common/error.h"
+#include "peak.cuh"
 
 namespace {
 
 using flashstep::cuda_check;
+using namespace flashstep::bench;
 
 // Independent FMA chains per thread. An FFMA's result is ready about 4 cycles
 // after it issues, and each SM sub-partition issues one warp instruction a
@@ -76,24 +75,11 @@ constexpr float kB = 0.5f;
 constexpr float kC = 1.0f;
 constexpr float kFixedPoint = kC / (1.0f - kB);
 constexpr float kExpectedSum = kChains * kFixedPoint;
-// Every output element is set to this byte pattern (NaN) before the check
-// run, so a thread that never wrote fails the check.
-constexpr int kPoisonByte = 0xFF;
 
-// Untimed launches first (clocks ramp up, the module loads), then timed ones;
-// the median of an odd count is one of the samples.
-constexpr int kWarmup = 3;
-constexpr int kRepeats = 21;
 constexpr double kFlopsPerFma = 2.0;
-constexpr double kMsPerSecond = 1e3;
-constexpr double kFlopsPerTflop = 1e12;
 // Digits printed: TFLOP/s to a GFLOP/s, time to a tenth of a microsecond.
 constexpr int kTflopsDigits = 3;
 constexpr int kMsDigits = 4;
-
-constexpr int kExitOk = 0;
-constexpr int kExitError = 1;
-constexpr int kExitUsage = 2;
 
 // out [threads]: the sum of each thread's kChains chains.
 __global__ void __launch_bounds__(kThreadsPerBlock)
@@ -116,91 +102,34 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   out[tid] = sum;
 }
 
-struct Launch {
-  int blocks = 0;
-  float* out = nullptr;  // [blocks * kThreadsPerBlock]
-};
-
-void launch(const Launch& l) {
-  fma_chains_kernel<<<l.blocks, kThreadsPerBlock>>>(l.out, kB, kC, kTrips);
+void launch(int blocks, float* out) {
+  fma_chains_kernel<<<blocks, kThreadsPerBlock>>>(out, kB, kC, kTrips);
   flashstep::check_launch("fma_chains_kernel");
 }
 
-// Runs the kernel once on a poisoned output and checks every element.
-void check_output(const Launch& l, std::int64_t threads) {
-  const size_t bytes = static_cast<size_t>(threads) * sizeof(float);
-  cuda_check(cudaMemset(l.out, kPoisonByte, bytes), "poison output");
-  launch(l);
+int run() {
+  cudaDeviceProp prop{};
+  const int blocks = full_waves(fma_chains_kernel, kThreadsPerBlock, kWaves, &prop);
+  const std::int64_t threads = static_cast<std::int64_t>(blocks) * kThreadsPerBlock;
+  DeviceBuffer<float> out(static_cast<std::size_t>(threads));
+
+  // One run on a poisoned output, every element checked.
+  out.poison();
+  launch(blocks, out.get());
   cuda_check(cudaDeviceSynchronize(), "fma_chains_kernel");
-  std::vector<float> host(static_cast<size_t>(threads));
-  cuda_check(cudaMemcpy(host.data(), l.out, bytes, cudaMemcpyDeviceToHost), "copy output");
+  const std::vector<float> host = out.to_host();
   const auto bad = std::count_if(host.begin(), host.end(), [](float v) { return v != kExpectedSum; });
   if (bad > 0) {
     throw flashstep::Error(std::to_string(bad) + " of " + std::to_string(threads) +
                            " threads did not produce " + std::to_string(kExpectedSum));
   }
-}
-
-// Median milliseconds of kRepeats launches, each timed with CUDA events after
-// kWarmup untimed ones. No L2 flush between repeats: the kernel reads no
-// memory and writes a few MB once at the end.
-double median_ms(const Launch& l) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  std::vector<float> ms(kRepeats);
-  try {
-    cuda_check(cudaEventCreate(&start), "cudaEventCreate");
-    cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
-    for (int k = 0; k < kWarmup; ++k) launch(l);
-    for (float& m : ms) {
-      cuda_check(cudaEventRecord(start), "cudaEventRecord");
-      launch(l);
-      cuda_check(cudaEventRecord(stop), "cudaEventRecord");
-      cuda_check(cudaEventSynchronize(stop), "fma_chains_kernel");
-      cuda_check(cudaEventElapsedTime(&m, start, stop), "cudaEventElapsedTime");
-    }
-  } catch (...) {
-    if (start) cudaEventDestroy(start);
-    if (stop) cudaEventDestroy(stop);
-    throw;
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-int run() {
-  std::string why;
-  if (!flashstep::cuda_device_available(&why)) {
-    throw flashstep::Error("no usable CUDA device (" + why + ")");
-  }
-  cudaDeviceProp prop{};
-  cuda_check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  int blocks_per_sm = 0;
-  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fma_chains_kernel,
-                                                           kThreadsPerBlock, 0),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  if (blocks_per_sm < 1) throw flashstep::Error("fma_chains_kernel cannot run on " + std::string(prop.name));
-
-  Launch l;
-  l.blocks = prop.multiProcessorCount * blocks_per_sm * kWaves;
-  const std::int64_t threads = static_cast<std::int64_t>(l.blocks) * kThreadsPerBlock;
-  cuda_check(cudaMalloc(&l.out, static_cast<size_t>(threads) * sizeof(float)), "cudaMalloc output");
-  double ms = 0.0;
-  try {
-    check_output(l, threads);
-    ms = median_ms(l);
-  } catch (...) {
-    cudaFree(l.out);
-    throw;
-  }
-  cudaFree(l.out);
+  const double ms = median_ms([&] { launch(blocks, out.get()); });
 
   const double fmas = static_cast<double>(threads) * kChains * kFmasPerChain;
   const double tflops = kFlopsPerFma * fmas / (ms / kMsPerSecond) / kFlopsPerTflop;
-  std::cerr << "flashstep_fma_peak: " << prop.name << ", " << prop.multiProcessorCount << " SMs x "
-            << blocks_per_sm << " blocks of " << kThreadsPerBlock << " threads x " << kWaves
-            << " waves, " << kChains << " chains x " << kFmasPerChain
+  std::cerr << "flashstep_fma_peak: " << prop.name << ", " << prop.multiProcessorCount << " SMs, "
+            << blocks << " blocks of " << kThreadsPerBlock << " threads (" << kWaves
+            << " full waves), " << kChains << " chains x " << kFmasPerChain
             << " FMAs per thread; median of " << kRepeats << " launches\n";
   std::cout << std::fixed << "fma," << std::setprecision(kTflopsDigits) << tflops << ",TFLOP/s,"
             << std::setprecision(kMsDigits) << ms << "\n";
@@ -210,19 +139,9 @@ int run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string usage =
-      "usage: flashstep_fma_peak\n"
-      "Times independent fp32 FMA chains on every SM; prints fma,<TFLOP/s>,TFLOP/s,<median ms>\n";
-  if (argc > 1) {
-    const std::string arg = argv[1];
-    const bool help = argc == 2 && (arg == "--help" || arg == "-h");
-    (help ? std::cout : std::cerr) << usage;
-    return help ? kExitOk : kExitUsage;
-  }
-  try {
-    return run();
-  } catch (const flashstep::Error& e) {
-    std::cerr << "flashstep_fma_peak: " << e.what() << "\n";
-    return kExitError;
-  }
+  return tool_main(argc, argv, "flashstep_fma_peak",
+                   "usage: flashstep_fma_peak\n"
+                   "Times independent fp32 FMA chains on every SM; prints "
+                   "fma,<TFLOP/s>,TFLOP/s,<median ms>\n",
+                   run);
 }
