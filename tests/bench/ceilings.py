@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measures the ceilings the roofline needs on this GPU.
+"""Measures this GPU's ceilings: the fp32 roofline's, and the bf16 tensor cores'.
 
   copy   device-to-device copy of a 2 GiB fp32 tensor, with PyTorch; bandwidth
          counts the bytes read plus the bytes written
@@ -7,14 +7,22 @@
          what fp32 matrix work on CUDA cores reaches in practice
   fma    the fp32 FMA peak, measured by flashstep_fma_peak (tests/bench/fma_peak.cu):
          independent FMA chains on registers on every SM, 2 FLOPs per FMA; the
-         roofline's compute ceiling. Skipped, with a line on stderr, when the
-         binary is missing (build it: cmake --build build --target flashstep_fma_peak)
+         roofline's compute ceiling
+  gemm_bf16  8192^3 bf16 matrix product (fp32 accumulation) through cuBLAS, with
+         PyTorch: what the chip's tensor cores reach with Hopper's own wgmma
+  mma_bf16   the bf16 mma.sync.m16n8k16 peak, measured by flashstep_mma_peak
+         (tests/bench/mma_peak.cu): independent mma chains on registers on every
+         SM, 4096 FLOPs per mma; what stage 07's instruction can reach
 
-Median of CUDA-event timings after warm-up, on random data (fma: on registers
-alone). One CSV row per ceiling with the GPU, driver, date and commit.
+fma and mma_bf16 are skipped, with a line on stderr, when their binary is
+missing (build them: cmake --build build --target flashstep_fma_peak
+flashstep_mma_peak). Median of CUDA-event timings after warm-up, on random
+data (fma, mma_bf16: on registers alone). One CSV row per ceiling with the GPU,
+driver, date and commit.
 
     python3 tests/bench/ceilings.py --out docs/results/ceilings.csv \
-        [--fma-peak build/tests/bench/flashstep_fma_peak]
+        [--fma-peak build/tests/bench/flashstep_fma_peak] \
+        [--mma-peak build/tests/bench/flashstep_mma_peak]
 """
 import argparse
 import datetime
@@ -29,8 +37,10 @@ from sweep import gpu_facts, write_csv
 COPY_BYTES = 2 << 30   # per tensor: far beyond the 50-60 MB L2
 GEMM_N = 8192          # the size the project's anchors quote
 WARMUP, REPEATS = 3, 20
-# Where `cmake --preset default` builds the FMA-peak tool.
-DEFAULT_FMA_PEAK = Path(__file__).resolve().parents[2] / "build/tests/bench/flashstep_fma_peak"
+# Where `cmake --preset default` builds the ceiling tools.
+BENCH_BUILD = Path(__file__).resolve().parents[2] / "build/tests/bench"
+DEFAULT_FMA_PEAK = BENCH_BUILD / "flashstep_fma_peak"
+DEFAULT_MMA_PEAK = BENCH_BUILD / "flashstep_mma_peak"
 
 
 def median_ms(torch, fn):
@@ -47,19 +57,20 @@ def median_ms(torch, fn):
     return statistics.median(times)
 
 
-def fma_peak(binary):
-    """(TFLOP/s, median ms) from flashstep_fma_peak's CSV line, or None when the
-    binary is missing. A binary that fails is an error: its own message ends the run."""
+def peak_tool(binary, name):
+    """(TFLOP/s, median ms) from a ceiling tool's CSV line `name,<value>,TFLOP/s,<ms>`,
+    or None when the binary is missing. A binary that fails is an error: its own
+    message ends the run."""
     if not (binary.is_file() and os.access(binary, os.X_OK)):
-        print(f"ceilings: fma skipped, no flashstep_fma_peak at {binary} "
-              "(cmake --build build --target flashstep_fma_peak)", file=sys.stderr)
+        print(f"ceilings: {name} skipped, no {binary.name} at {binary} "
+              f"(cmake --build build --target {binary.name})", file=sys.stderr)
         return None
     run = subprocess.run([str(binary)], capture_output=True, text=True)
     sys.stderr.write(run.stderr)
     if run.returncode != 0:
         sys.exit(f"ceilings: {binary} failed with exit {run.returncode}")
-    name, value, unit, ms = run.stdout.strip().split(",")
-    if (name, unit) != ("fma", "TFLOP/s"):
+    got, value, unit, ms = run.stdout.strip().split(",")
+    if (got, unit) != (name, "TFLOP/s"):
         sys.exit(f"ceilings: unexpected output from {binary}: {run.stdout.strip()!r}")
     return float(value), float(ms)
 
@@ -70,9 +81,12 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     ap.add_argument("--fma-peak", type=Path, default=DEFAULT_FMA_PEAK, metavar="PATH",
                     help=f"flashstep_fma_peak binary (default: {DEFAULT_FMA_PEAK})")
+    ap.add_argument("--mma-peak", type=Path, default=DEFAULT_MMA_PEAK, metavar="PATH",
+                    help=f"flashstep_mma_peak binary (default: {DEFAULT_MMA_PEAK})")
     args = ap.parse_args()
-    # First, alone on the GPU: a separate process, before PyTorch holds memory.
-    fma = fma_peak(args.fma_peak)
+    # First, alone on the GPU: separate processes, before PyTorch holds memory.
+    fma = peak_tool(args.fma_peak, "fma")
+    mma = peak_tool(args.mma_peak, "mma_bf16")
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -84,6 +98,9 @@ def main():
     a = torch.randn(GEMM_N, GEMM_N, device="cuda")
     b = torch.randn(GEMM_N, GEMM_N, device="cuda")
     gemm_ms = median_ms(torch, lambda: torch.mm(a, b))
+    a, b = a.bfloat16(), b.bfloat16()
+    gemm_bf16_ms = median_ms(torch, lambda: torch.mm(a, b))
+    del a, b
 
     meta = gpu_facts()
     meta.update(date=datetime.date.today().isoformat(), commit=args.commit, torch=torch.__version__)
@@ -96,6 +113,12 @@ def main():
     if fma:
         rows.append({"ceiling": "fma", "value": round(fma[0], 2), "unit": "TFLOP/s",
                      "median ms": round(fma[1], 4), **meta})
+    rows.append({"ceiling": "gemm_bf16",
+                 "value": round(2 * GEMM_N**3 / (gemm_bf16_ms / 1e3) / 1e12, 1),
+                 "unit": "TFLOP/s", "median ms": round(gemm_bf16_ms, 4), **meta})
+    if mma:
+        rows.append({"ceiling": "mma_bf16", "value": round(mma[0], 1), "unit": "TFLOP/s",
+                     "median ms": round(mma[1], 4), **meta})
     write_csv(args.out, rows)
     for r in rows:
         print(f"ceilings: {r['ceiling']} {r['value']} {r['unit']}")
