@@ -8,8 +8,12 @@ each timed run, median and p20/p80; fewer runs from N = 8192 on. Peers:
 
   sdpa_efficient_fp32  SDPBackend.EFFICIENT_ATTENTION, float32
   sdpa_math_fp32       SDPBackend.MATH, float32 (materialises S: may run out of memory)
-  sdpa_flash_bf16      SDPBackend.FLASH_ATTENTION, bfloat16
+  sdpa_flash_bf16      SDPBackend.FLASH_ATTENTION, bfloat16 (FlashAttention-2's own kernel)
   sdpa_cudnn_bf16      SDPBackend.CUDNN_ATTENTION, bfloat16
+  sdpa_math_bf16       SDPBackend.MATH, bfloat16: standard attention in 16 bits, as the
+                       FlashAttention-2 paper's figures run it (may run out of memory)
+  sdpa_flash_fp16      SDPBackend.FLASH_ATTENTION, float16
+  sdpa_cudnn_fp16      SDPBackend.CUDNN_ATTENTION, float16
 
 fp32 peers run with TF32 off. The problems are square (Nq = Nk), so SDPA's
 is_causal (top-left) is flashstep's bottom-right mask. Each result is checked
@@ -37,6 +41,9 @@ PEERS = {
     "sdpa_math_fp32": ("MATH", "float32"),
     "sdpa_flash_bf16": ("FLASH_ATTENTION", "bfloat16"),
     "sdpa_cudnn_bf16": ("CUDNN_ATTENTION", "bfloat16"),
+    "sdpa_math_bf16": ("MATH", "bfloat16"),
+    "sdpa_flash_fp16": ("FLASH_ATTENTION", "float16"),
+    "sdpa_cudnn_fp16": ("CUDNN_ATTENTION", "float16"),
 }
 COLUMNS = ["stage", "check", "max err O", "median ms", "p20 ms", "p80 ms", "TFLOP/s",
            "B", "H", "Nq", "Nk", "d", "causal", "iters", "note", "torch",
@@ -46,9 +53,10 @@ INPUT_MEAN = 0.5       # common/check.h kInputMean: zero-mean inputs hide errors
 CHECK_ROWS = 64        # query rows (of batch 0, head 0) checked against fp64
 # |got - want| <= atol + rtol*|want| against fp64 on the inputs as the peer saw
 # them: fp32 as common/check.h's kFp32Tolerance (TF32 left on would fail it);
-# bf16 loose enough for bf16 P and O (relative rounding 2^-8), tight enough to
-# catch a wrong mask or scale.
-TOLERANCE = {"float32": (1e-5, 1e-4), "bfloat16": (1e-2, 2e-2)}
+# bf16 loose enough for bf16 P and O (relative rounding 2^-8; the math backend
+# also rounds S), tight enough to catch a wrong mask or scale; fp16 the same
+# with 3 more bits (relative rounding 2^-11).
+TOLERANCE = {"float32": (1e-5, 1e-4), "bfloat16": (1e-2, 2e-2), "float16": (2e-3, 4e-3)}
 NOTE_CHARS = 160       # a note keeps the first line of the reason, this long at most
 
 

@@ -4,11 +4,20 @@
 hidden 2048 (H = 2048/d), B = 16384/N, N in {512 ... 16384}, d in {64, 128},
 causal and not. Each problem is one `flashstep --format csv` call (so every
 stage is checked against the fp64 reference on sampled rows and timed with
-CUDA events, L2 flushed, median of the timed runs). Rows are appended to the
-output CSV with the GPU, driver, date and commit, and progress goes to stderr.
+CUDA events, L2 flushed, median of the timed runs). Rows go to the output CSV
+with the GPU, driver, date and commit, and progress goes to stderr.
+
+Without --dtype every stage runs in its own type (fp32 for 01-06, bf16 for
+07); --dtype T runs the selected stages that have a T kernel, in T (the CSV's
+dtype column says which). --append keeps the rows of an existing output CSV
+and adds these, each replacing an old row of the same stage, dtype and problem.
 
     python3 tests/bench/sweep.py --flashstep build/stages/cli/flashstep \
-        --out docs/results/forward.csv [--N 1024 2048] [--d 64] [--stage 02,04]
+        --out docs/results/forward.csv [--N 1024 2048] [--d 64] [--stage 02,04] [--dtype fp32]
+    python3 tests/bench/sweep.py --flashstep ... --dtype bf16 --stage 02,03,07 \
+        --out docs/results/forward16.csv
+    python3 tests/bench/sweep.py --flashstep ... --dtype fp16 --stage 07_tensor_core \
+        --append --out docs/results/forward16.csv
     python3 tests/bench/sweep.py --flashstep ... --long --out docs/results/long.csv
 """
 import argparse
@@ -30,6 +39,11 @@ ITERS = {"short": (2, 10), "long": (1, 5), "single": (0, 3)}  # (warm-up, timed 
 LONG_POINT = {"B": 1, "H": 4, "N": 65536}
 
 
+# The columns that say which run a row of forward.csv is: its stage, element
+# type and problem (--append replaces an old row with the same values).
+ROW_KEY = ("stage", "dtype", "B", "H", "Nq", "Nk", "d", "causal")
+
+
 def write_csv(path, rows, columns=None):
     """Writes rows (dicts) to path with a header: `columns`, or the first row's keys."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -37,6 +51,20 @@ def write_csv(path, rows, columns=None):
         w = csv.DictWriter(f, fieldnames=columns or list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
+
+
+def merged(path, rows):
+    """The rows of the CSV at `path` (none if it does not exist) with `rows` added,
+    each new row replacing an old one of the same ROW_KEY, in the old rows' order
+    and the new ones after."""
+    if not os.path.exists(path):
+        return rows
+    with open(path, newline="") as f:
+        old = list(csv.DictReader(f))
+    new = {tuple(r.get(k, "") for k in ROW_KEY): r for r in rows}
+    kept = [r for r in old if tuple(r.get(k, "") for k in ROW_KEY) not in new]
+    columns = list(dict.fromkeys([*(old[0].keys() if old else []), *rows[0].keys()]))
+    return [{c: r.get(c, "") for c in columns} for r in kept + rows]
 
 
 def gpu_facts():
@@ -59,6 +87,12 @@ def main():
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--stage", default="all", help="flashstep --stage selector")
+    ap.add_argument("--dtype", choices=["fp32", "fp16", "bf16"],
+                    help="run the selected stages that have this type in it (default: each "
+                         "stage in its own)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows of an existing --out CSV (rows of the same stage, dtype "
+                         "and problem are replaced)")
     ap.add_argument("--long", action="store_true",
                     help="only the long point B=1 H=4 N=65536 (for each d, causal and not)")
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
@@ -86,6 +120,8 @@ def main():
                "--warmup", str(warmup), "--iters", str(iters)]
         if causal:
             cmd.append("--causal")
+        if args.dtype:
+            cmd += ["--dtype", args.dtype]
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         print(f"[{k}/{len(problems)}] N={N} d={d} causal={int(causal)}: "
@@ -99,9 +135,12 @@ def main():
 
     if not rows:
         sys.exit("sweep: no results")
+    n_new = len(rows)
+    if args.append:
+        rows = merged(args.out, rows)
     write_csv(args.out, rows)
-    print(f"sweep: {len(rows)} rows to {args.out}; {failures} problem(s) with a failed stage",
-          file=sys.stderr)
+    print(f"sweep: {n_new} rows to {args.out} ({len(rows)} in all); {failures} problem(s) with "
+          "a failed stage", file=sys.stderr)
     sys.exit(1 if failures else 0)
 
 

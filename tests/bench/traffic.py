@@ -9,8 +9,10 @@ counters are summed per stage:
   l1tex__t_bytes_pipe_lsu_mem_global_op_{ld,st}.sum  global bytes requested
   sm__warps_active.avg.pct_of_peak_sustained_active  achieved occupancy
   sm__cycles_active.avg.pct_of_peak_sustained_elapsed how busy the SMs were
-The model's bytes come from `flashstep model`. Rows go to a CSV with the GPU,
-driver, date and commit. When ncu cannot read the counters, the CSV says so.
+The model's bytes come from `flashstep model`. Each stage runs in its own
+element type (fp32 for 01-06, bf16 for 07: the dtype column). Rows go to a CSV
+with the GPU, driver, date and commit. When ncu cannot read the counters, the
+CSV says so.
 
 With --backward it profiles the backward passes instead (`flashstep --backward`,
 only the backward's kernels, picked by name) beside `flashstep model
@@ -105,7 +107,8 @@ def main():
             model = ["model", "--stage", args.stage, *problem, *(["--backward"] if args.backward else [])]
             for m in flashstep_csv(args.flashstep, model):
                 counters, error = profile(args.flashstep, m["stage"], problem, args.backward)
-                row = {"stage": m["stage"], "B": m["B"], "H": m["H"], "N": N, "d": d,
+                row = {"stage": m["stage"], "dtype": m.get("dtype", "fp32"), "B": m["B"],
+                       "H": m["H"], "N": N, "d": d,
                        "model_read": m["HBM read"], "model_write": m["HBM write"]}
                 for key in [*METRICS, *PERCENTAGES, "kernels"]:
                     row[key] = counters[key] if counters else ""
