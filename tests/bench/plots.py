@@ -14,16 +14,29 @@ Reads docs/results/forward.csv (sweep.py), peers.csv (peers.py), traffic.csv
                            stages 02 and 05 allocate (`flashstep model --backward`),
                            SDPA's measured peaks, each backward's largest N
 
+and from forward16.csv (sweep.py --dtype bf16: stage 07 and stages 02, 03 in
+16 bits), with the 16-bit peers and ablation.csv (ablation.py), once recorded:
+
+  bf16_tflops_vs_n.png     the FlashAttention-2 paper's forward figure on this GPU, in
+                           bf16: standard attention (stage 02, SDPA math),
+                           FlashAttention-1's loop order (stage 03), FlashAttention-2
+                           (stage 07, SDPA flash) and cuDNN, TFLOP/s per N
+  ablation.png             each step of stage 07's ladder at N = 4096: TFLOP/s and its
+                           gain, beside FlashAttention-2; under it, where the warps stall
+
+The fp32 plots show fp32 rows only (a row without a dtype column is fp32).
+
 and plots.json, the fingerprint (sha256) of the CSVs and of this script the
 PNGs were drawn from, and the stages' modelled memory that backward_memory.png
 shows, with the hashes of the sources that model comes from. Like tables.py,
 nothing here is typed by hand: rerun the benchmarks, then this. `--check`
 needs no matplotlib and no build: it fails when a CSV, this script or one of
 those model sources changed since the PNGs were drawn, when a PNG is missing,
-or when README.md shows a plot that is not generated. PNG bytes are not
-compared (they differ between matplotlib versions).
+or when a README (README.md, stages/*/README.md) shows a plot that is not
+generated. PNG bytes are not compared (they differ between matplotlib versions).
 
     python3 tests/bench/plots.py [--check] [--flashstep build/stages/cli/flashstep]
+    python3 tests/bench/plots.py --results DIR   # other CSVs; PNGs and plots.json to DIR/plots
 
 Needs matplotlib (Debian: python3-matplotlib; `make deps` installs it), and for
 the stages' lines in backward_memory.png the built CLI (without it they are left
@@ -39,12 +52,18 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tables import BACKWARD_LABELS, FP32_PEERS, RESULTS, ROOT, read  # noqa: E402
+import tables  # noqa: E402
+from ablation import PEER as ABLATION_PEER, STEPS  # noqa: E402
+from tables import (ABLATION_N, BACKWARD_LABELS, FA2_PEER, FP32_PEERS, PEERS16,  # noqa: E402
+                    ROOT, STALL_LABELS, TENSOR_CORE, dtype_of, fp32_only, has_ablation, read,
+                    same_gpu)
 
+# Where the CSVs are read and the plots written (--results changes both).
+RESULTS = tables.RESULTS
 PLOTS = os.path.join(RESULTS, "plots")
 SIDECAR = os.path.join(PLOTS, "plots.json")
 INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv", "backward.csv",
-          "backward_memory.csv")
+          "backward_memory.csv", "forward16.csv", "ablation.csv")
 FLASHSTEP = os.path.join(ROOT, "build", "stages", "cli", "flashstep")
 # backward_memory.png: the stages whose allocation the CLI's model gives, the
 # N it is drawn at (B = 1, H = 2048/d, as backward_memory.csv), and the sources
@@ -100,9 +119,16 @@ def fingerprint():
 
 
 def readme_plots():
-    """docs/results/plots/*.png paths that README.md shows."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        return sorted(set(re.findall(r"docs/results/plots/([\w.-]+\.png)", f.read())))
+    """docs/results/plots/*.png paths that README.md and the stages' READMEs show."""
+    readmes = [os.path.join(ROOT, "README.md")]
+    stages = os.path.join(ROOT, "stages")
+    readmes += sorted(os.path.join(stages, f, "README.md") for f in os.listdir(stages)
+                      if os.path.exists(os.path.join(stages, f, "README.md")))
+    shown = set()
+    for path in readmes:
+        with open(path) as f:
+            shown |= set(re.findall(r"docs/results/plots/([\w.-]+\.png)", f.read()))
+    return sorted(shown)
 
 
 def model_sources():
@@ -152,7 +178,7 @@ def check():
             problems.append(f"docs/results/plots/{png} is missing")
     for png in readme_plots():
         if png not in recorded["outputs"]:
-            problems.append(f"README.md shows docs/results/plots/{png}, which plots.py does not draw")
+            problems.append(f"a README shows docs/results/plots/{png}, which plots.py does not draw")
     return problems
 
 
@@ -281,7 +307,7 @@ def hbm_figure(fwd, traffic):
     stages = list(dict.fromkeys(r["stage"] for r in fwd))
     styles, zorder = stage_styles(stages), stage_zorder(stages)
     ns = sorted({int(r["Nq"]) for r in fwd})
-    tr_ok = [r for r in traffic if r["dram_read"]]
+    tr_ok = [r for r in fp32_only(traffic) if r["dram_read"] and r["stage"] in stages]
     fig, axes = plt.subplots(2 if tr_ok else 1, 2, figsize=(13, 10 if tr_ok else 5.5),
                              squeeze=False)
     handles = {}
@@ -585,6 +611,177 @@ def memory_figure(memory, model, style_order):
     return fig
 
 
+# ------------------------------------------------------------------ 16 bits: stage 07
+
+# The FlashAttention-2 paper's forward figure, in bf16: (source, stage, legend,
+# colour, hatch). Stages 02 and 03 keep their colours of the fp32 plots; the
+# peers are hatched, so that what this project built and what it is measured
+# against tell apart.
+BF16_SERIES = [
+    ("stages", "02_safe_softmax", "standard attention: stage 02 bf16", None, None),
+    ("peers", "sdpa_math_bf16", "standard attention: PyTorch SDPA math bf16", "0.7", "//"),
+    ("stages", "03_fa1_kv_outer", "FlashAttention-1's loop order: stage 03 bf16", None, None),
+    ("stages", TENSOR_CORE, "FlashAttention-2: stage 07 bf16", None, None),
+    ("peers", FA2_PEER, "FlashAttention-2: PyTorch SDPA flash bf16", "0.25", "//"),
+    ("peers", "sdpa_cudnn_bf16", "cuDNN: PyTorch SDPA cuDNN bf16", "C9", "//"),
+]
+# Stage 07's ladder in shades of one colour, lighter to darker as the steps add up;
+# no fp32 stage's colour is among them.
+LADDER_SHADES = (0.35, 0.5, 0.65, 0.8, 0.95)
+
+
+def sixteen_bit_styles(order):
+    """Colours of the 16-bit stages: the fp32 plots' for 02 and 03, shades of red for 07's ladder."""
+    from matplotlib import colormaps
+    colours = {s: c for s, (c, _, _) in stage_styles(order).items()}
+    colours.update({s: colormaps["Reds"](x) for s, x in zip(STEPS, LADDER_SHADES)})
+    return colours
+
+
+def bf16_figure(rows16, peers, order):
+    """2 x 2 panels (d x causal) of grouped bars, TFLOP/s per N, as the FlashAttention-2
+    paper draws its forward figure; out-of-memory runs marked OOM."""
+    import matplotlib.pyplot as plt
+    colour = sixteen_bit_styles(order)
+    sources = {"stages": [r for r in rows16 if dtype_of(r) == "bf16"],
+               "peers": [r for r in peers if dtype_of(r) == "bf16"]}
+    series = [s for s in BF16_SERIES if any(r["stage"] == s[1] for r in sources[s[0]])]
+    ns = sorted({int(r["Nq"]) for r in rows16})
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+    width = 0.84 / max(len(series), 1)
+    handles = {}
+    top = max([float(r["TFLOP/s"]) for src in sources.values() for r in src
+               if r["TFLOP/s"] and r["stage"] in {s[1] for s in series}] + [1])
+    for i, d in enumerate((64, 128)):
+        for j, causal in enumerate(("0", "1")):
+            ax = axes[i][j]
+            for k, (src, stage, label, c, hatch) in enumerate(series):
+                xs = [x + (k - (len(series) - 1) / 2) * width for x in range(len(ns))]
+                for x, n in zip(xs, ns):
+                    hit = [r for r in sources[src] if r["stage"] == stage and int(r["d"]) == d
+                           and r["causal"] == causal and int(r["Nq"]) == n]
+                    if not hit:
+                        continue
+                    if not hit[0]["TFLOP/s"]:
+                        why = "OOM" if hit[0].get("note") == "out of memory" else "–"
+                        ax.text(x, top * 0.01, why, rotation=90, ha="center", va="bottom",
+                                fontsize=7, color="0.3")
+                        continue
+                    v = float(hit[0]["TFLOP/s"])
+                    h = ax.bar([x], [v], width, color=c or colour[stage], hatch=hatch,
+                               edgecolor="black", linewidth=0.5, label=label)
+                    handles.setdefault(label, h)
+                    ax.text(x, v + top * 0.01, f"{v:.0f}" if v >= 10 else f"{v:.1f}",
+                            rotation=90, ha="center", va="bottom", fontsize=6.5)
+            ax.set_xticks(range(len(ns)))
+            ax.set_xticklabels([f"{n // 1024}k" if n >= 1024 else str(n) for n in ns])
+            ax.set_xlabel("sequence length N")
+            ax.set_ylim(0, top * 1.15)
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.set_title(f"d = {d}, {'causal' if causal == '1' else 'non-causal'}")
+            if j == 0:
+                ax.set_ylabel("TFLOP/s")
+    src = provenance(rows16, "forward16.csv")
+    bf16_peers = [r for r in peers if r["stage"] in PEERS16]
+    if bf16_peers:
+        src += f"; {provenance(bf16_peers, 'peers.csv')}"
+    fig.suptitle("bf16 forward, TFLOP/s, the FlashAttention-2 paper's forward figure on this GPU "
+                 f"({FLOP_RULE}; {SWEEP_RULE})\n{src}", fontsize=11)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=9,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+# Stall reasons stacked in ablation.png, bottom up, with their colours.
+STALL_COLOURS = ["C0", "C1", "C2", "C3", "C4", "C5", "C6"]
+
+
+# The ladder's bars, by what each step adds (tables.STEP_ADDS says it in full).
+LADDER_NAMES = {"07_step1_plain_mma": "step 1: mma.sync", "07_step2_ldmatrix": "2: + ldmatrix",
+                "07_step3_cp_async": "3: + cp.async", "07_step4_p_in_registers": "4: + P~ in registers",
+                TENSOR_CORE: "07_tensor_core:\n+ tuned tiles"}
+
+
+def ablation_figure(rows16, peers, ablation):
+    """Top: each step's TFLOP/s at N = 4096 (forward16.csv), its gain over the step
+    before, FlashAttention-2 beside. Bottom (with ablation.csv): each kernel's warp
+    stalls, cycles per issued instruction, stacked by reason."""
+    import matplotlib.pyplot as plt
+    colour = sixteen_bit_styles([])
+    ladder = [r for r in rows16 if r["stage"] in STEPS and dtype_of(r) == "bf16"
+              and int(r["Nq"]) == ABLATION_N and r["causal"] == "0"]
+    ds = sorted({int(r["d"]) for r in ladder})
+    stalls = [c for c in STALL_LABELS if any(r.get(c) for r in ablation)]
+    rows_of_panels = 2 if stalls else 1
+    fig, axes = plt.subplots(rows_of_panels, len(ds), figsize=(7 * len(ds), 5 + 4 * (rows_of_panels - 1)),
+                             squeeze=False)
+    names = [LADDER_NAMES[s] for s in STEPS] + ["FlashAttention-2\n(SDPA flash bf16)"]
+
+    def tflops(rows, stage, d):
+        hit = [r for r in rows if r["stage"] == stage and int(r["d"]) == d and r["causal"] == "0"
+               and int(r["Nq"]) == ABLATION_N and dtype_of(r) == "bf16" and r["TFLOP/s"]]
+        return float(hit[0]["TFLOP/s"]) if hit else None
+
+    for j, d in enumerate(ds):
+        ax = axes[0][j]
+        values = [tflops(rows16, s, d) for s in STEPS] + [tflops(peers, FA2_PEER, d)]
+        prev = None
+        for k, v in enumerate(values):
+            if v is None:
+                continue
+            peer = k == len(STEPS)
+            ax.bar([k], [v], 0.7, color="0.25" if peer else colour[STEPS[k]],
+                   hatch="//" if peer else None, edgecolor="black", linewidth=0.5)
+            ours = values[len(STEPS) - 1]  # 07_tensor_core's
+            if peer:
+                gain = f"\n07 at {ours / v:.0%}" if ours and same_gpu(rows16, peers) else ""
+            else:
+                gain = f"\n×{v / prev:.2f}" if prev else ""
+            ax.text(k, v, f"{v:.0f}{gain}", ha="center", va="bottom", fontsize=9)
+            if not peer:
+                prev = v
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=20, ha="right", fontsize=9)
+        ax.set_ylim(0, 1.2 * max([v for v in values if v] + [1]))
+        ax.grid(True, axis="y", alpha=0.3)
+        b = [r for r in ladder if int(r["d"]) == d][0]
+        ax.set_title(f"d = {d}, N = {ABLATION_N}, B = {b['B']}, H = {b['H']}, "
+                     "non-causal: TFLOP/s; ×: gain over the step before", fontsize=10)
+        if j == 0:
+            ax.set_ylabel("TFLOP/s")
+        if not stalls:
+            continue
+        ax = axes[1][j]
+        kernels = [*STEPS, ABLATION_PEER]
+        bottom = [0.0] * len(kernels)
+        for c, col in zip(stalls, STALL_COLOURS):
+            ys = []
+            for s in kernels:
+                hit = [r for r in ablation if r["stage"] == s and int(r["d"]) == d and r.get(c)]
+                ys.append(float(hit[0][c]) if hit else 0.0)
+            ax.bar(range(len(kernels)), ys, 0.7, bottom=bottom, color=col, edgecolor="black",
+                   linewidth=0.4, label=STALL_LABELS[c])
+            bottom = [b_ + y for b_, y in zip(bottom, ys)]
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=20, ha="right", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_title(f"d = {d}: warp stalls (ncu), cycles per issued instruction, by reason",
+                     fontsize=10)
+        if j == 0:
+            ax.set_ylabel("stall cycles per instruction")
+            ax.legend(fontsize=8, ncol=2, loc="upper right")
+    src = provenance(rows16, "forward16.csv")
+    fa2 = [r for r in peers if r["stage"] == FA2_PEER]
+    if fa2:
+        src += f"; {provenance(fa2, 'peers.csv')}"
+    if stalls:
+        src += f"; {provenance(ablation, 'ablation.csv')}"
+    fig.suptitle(f"Stage 07's ablation ladder, bf16 ({FLOP_RULE})\n{src}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------ main
 
 def draw(out, flashstep=FLASHSTEP):
@@ -592,7 +789,8 @@ def draw(out, flashstep=FLASHSTEP):
     import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "flashstep"  # no randomness anywhere
-    fwd, peers, traffic, ceilings, bwd, memory = (read(n) for n in INPUTS)
+    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation = (read(n) for n in INPUTS)
+    fwd = fp32_only(fwd)
     if not fwd:
         sys.exit("plots: no docs/results/forward.csv (run tests/bench/sweep.py on a GPU)")
     os.makedirs(out, exist_ok=True)
@@ -635,16 +833,33 @@ def draw(out, flashstep=FLASHSTEP):
         drawn.append("backward_memory.png")
     else:
         print("plots: no docs/results/backward_memory.csv (tests/bench/backward.py): no memory plot")
+    if rows16:
+        save(bf16_figure(rows16, peers, order), "bf16_tflops_vs_n.png", out)
+        drawn.append("bf16_tflops_vs_n.png")
+    else:
+        print("plots: no docs/results/forward16.csv (sweep.py --dtype bf16): no bf16 plot")
+    if has_ablation(rows16):
+        save(ablation_figure(rows16, peers, ablation), "ablation.png", out)
+        drawn.append("ablation.png")
+    else:
+        print("plots: no ladder at N = 4096 in docs/results/forward16.csv: no ablation plot")
     return drawn, model
 
 
 def main(argv=None):
+    global RESULTS, PLOTS, SIDECAR
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
                     help="fail if the PNGs are missing or older than the CSVs (no matplotlib needed)")
     ap.add_argument("--flashstep", default=FLASHSTEP,
                     help="the built CLI, for the stages' modelled memory (default %(default)s)")
+    ap.add_argument("--results", default=RESULTS,
+                    help="folder of the CSVs (default: docs/results), e.g. synthetic ones; the "
+                         "plots go to its plots/")
     args = ap.parse_args(argv)
+    RESULTS = tables.RESULTS = os.path.abspath(args.results)
+    PLOTS = os.path.join(RESULTS, "plots")
+    SIDECAR = os.path.join(PLOTS, "plots.json")
     if args.check:
         problems = check()
         if problems:
@@ -671,7 +886,7 @@ def main(argv=None):
         f.write("\n")
     missing = [p for p in readme_plots() if p not in drawn]
     if missing:
-        sys.exit("plots: README.md shows plots not drawn: " + ", ".join(missing))
+        sys.exit("plots: a README shows plots not drawn: " + ", ".join(missing))
 
 
 if __name__ == "__main__":

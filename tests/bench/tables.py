@@ -10,11 +10,22 @@ and in each stages/NN_slug/README.md (<!-- results:begin/end -->). The
 backward's CSVs (backward.py: backward.csv, backward_memory.csv,
 backward_determinism.csv; traffic.py --backward: backward_traffic.csv) fill
 <!-- results:backward:begin/end --> wherever it appears. The fp32
-peers become extra rows of the forward tables, the bf16 peers a table of their
-own. Tables are never typed by hand: edit the CSVs by re-running the
-benchmarks, then this.
+peers become extra rows of the forward tables.
+
+Stage 07 (tensor cores, 16 bits) has CSVs of its own: forward16.csv (sweep.py
+--dtype bf16 / fp16: stage 07's ladder and stages 02, 03 in 16 bits),
+ceilings.csv's bf16 rows (ceilings.py), ablation.csv (ablation.py: ncu on
+each step of the ladder) and tiles.csv (tiles.py: the tile-shape sweep). They
+fill <!-- results:tensor_core:begin/end --> (07 against the 16-bit peers,
+README.md), and in stages/07_tensor_core/README.md <!-- results:begin/end -->
+(the whole 16-bit sweep with the peers), <!-- results:ablation:begin/end -->
+and <!-- results:tiles:begin/end -->; a section whose CSV is not recorded yet
+says so. The fp32 tables show fp32 rows only (a row without a dtype is fp32).
+Tables are never typed by hand: edit the CSVs by re-running the benchmarks,
+then this.
 
     python3 tests/bench/tables.py [--check]   # --check: fail if a README would change
+    python3 tests/bench/tables.py --results DIR --out OUT   # other CSVs; READMEs to OUT/
 """
 import argparse
 import csv
@@ -23,14 +34,42 @@ import re
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# Where the CSVs are read from (--results changes it).
 RESULTS = os.path.join(ROOT, "docs", "results")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ablation import PEER as ABLATION_PEER, STEPS  # noqa: E402
+
 # peers.py's stage names, as the tables label them: fp32 rows join the stages'
-# tables; bf16 rows get their own, for reference only.
+# tables; 16-bit rows join stage 07's.
 FP32_PEERS = {"sdpa_efficient_fp32": "PyTorch SDPA mem-efficient fp32",
               "sdpa_math_fp32": "PyTorch SDPA math fp32"}
-BF16_PEERS = {"sdpa_flash_bf16": "PyTorch SDPA flash bf16",
-              "sdpa_cudnn_bf16": "PyTorch SDPA cuDNN bf16"}
+PEERS16 = {"sdpa_flash_bf16": "PyTorch SDPA flash bf16 (FlashAttention-2)",
+           "sdpa_cudnn_bf16": "PyTorch SDPA cuDNN bf16",
+           "sdpa_math_bf16": "PyTorch SDPA math bf16 (standard attention)",
+           "sdpa_flash_fp16": "PyTorch SDPA flash fp16 (FlashAttention-2)",
+           "sdpa_cudnn_fp16": "PyTorch SDPA cuDNN fp16"}
+FA2_PEER = "sdpa_flash_bf16"   # FlashAttention-2's own kernel, what stage 07 rebuilds
+TENSOR_CORE = "07_tensor_core"  # the stage (the last step of its ladder), and its folder
+# What each step of the ladder adds (tensor_core_tiles.h, Step), and the ncu
+# counter of ablation.csv that shows it: (column, what it counts).
+STEP_ADDS = {
+    "07_step1_plain_mma": "mma.sync; fragments by 32-bit shared loads; P~ through shared memory",
+    "07_step2_ldmatrix": "+ ldmatrix from a swizzled layout",
+    "07_step3_cp_async": "+ cp.async: the next tiles load under the math",
+    "07_step4_p_in_registers": "+ P~ stays in registers",
+    "07_tensor_core": "+ tile shapes per head dimension",
+}
+STEP_COUNTER = {
+    "07_step1_plain_mma": ("instructions", "warp instructions"),
+    "07_step2_ldmatrix": ("smem_ld_conflicts", "bank conflicts, shared loads"),
+    "07_step3_cp_async": ("stall_long_scoreboard", "long-scoreboard stall, cycles per instruction"),
+    "07_step4_p_in_registers": ("smem_st_wavefronts", "shared-store wavefronts"),
+    "07_tensor_core": ("tensor_active_pct", "tensor pipe active, %"),
+}
+# The problem ablation.py profiles and the ablation table shows: N, non-causal.
+ABLATION_N = 4096
+TFLOP_RULE = "TFLOP/s, 4·B·H·N²·d, halved if causal; B = 16384/N, H = 2048/d"
 
 
 def read(name):
@@ -41,8 +80,29 @@ def read(name):
         return list(csv.DictReader(f))
 
 
+def dtype_of(row):
+    """A row's element type: its dtype column; a peer's, the end of its name
+    (sdpa_flash_bf16); rows recorded before the dtype column, fp32."""
+    if row.get("dtype"):
+        return row["dtype"]
+    return peer_dtype(row["stage"]) if row["stage"] in PEERS16 else "fp32"
+
+
+def fp32_only(rows):
+    return [r for r in rows if dtype_of(r) == "fp32"]
+
+
 def gb(x):
     return f"{int(x) / 1e9:.2f}"
+
+
+def count(x):
+    """A counter in thousands, millions or billions: 1.23 G."""
+    v = float(x)
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.3g}"
 
 
 def device_facts(gpu):
@@ -61,14 +121,14 @@ def provenance(rows, name):
             f"{r['date']}, commit `{r['commit'][:10]}`._")
 
 
-def peer_cell(hit):
+def peer_cell(hit, digits=2):
     """A peer's TFLOP/s, or why it has none (OOM: out of memory; –: no kernel)."""
     if not hit:
         return "–"
     if not hit[0]["TFLOP/s"]:
-        return "OOM" if hit[0]["note"] == "out of memory" else "–"
+        return "OOM" if hit[0].get("note") == "out of memory" else "–"
     mark = "" if hit[0]["check"] == "ok" else f" ({hit[0]['check']})"
-    return f"{float(hit[0]['TFLOP/s']):.2f}{mark}"
+    return f"{float(hit[0]['TFLOP/s']):.{digits}f}{mark}"
 
 
 def forward_table(rows, stages, d, causal, peers=()):
@@ -99,33 +159,11 @@ def forward_table(rows, stages, d, causal, peers=()):
     return "\n".join(lines) + "\n"
 
 
-def bf16_table(peers):
-    sel = [r for r in peers if r["stage"] in BF16_PEERS]
-    if not sel:
-        return ""
-    ns = sorted({int(r["Nq"]) for r in sel})
-    lines = ["**For reference, bf16** (PyTorch SDPA in bfloat16: half the bytes and tensor "
-             "cores, so not comparable with the fp32 rows above; TFLOP/s as above)", "",
-             "| peer | d | causal | " + " | ".join(f"N={n}" for n in ns) + " |",
-             "| --- | ---: | --- |" + " ---: |" * len(ns)]
-    for peer, label in BF16_PEERS.items():
-        for d in sorted({int(r["d"]) for r in sel}):
-            for causal in ("0", "1"):
-                mine = [r for r in sel if r["stage"] == peer and int(r["d"]) == d
-                        and r["causal"] == causal]
-                if not mine:
-                    continue
-                cells = [peer_cell([r for r in mine if int(r["Nq"]) == n]) for n in ns]
-                lines.append(f"| {label} | {d} | {'yes' if causal == '1' else 'no'} | "
-                             + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def peers_provenance(peers):
+def peers_provenance(peers, what="fp32 with TF32 off; "):
     r = peers[0]
     return (f"_PyTorch SDPA rows recorded in `docs/results/peers.csv` (tests/bench/peers.py): "
             f"{r.get('gpu') or 'GPU not recorded'}, driver {r['driver']}, {r['date']}, "
-            f"commit `{r['commit'][:10]}`, PyTorch {r['torch']}; fp32 with TF32 off; "
+            f"commit `{r['commit'][:10]}`, PyTorch {r['torch']}; {what}"
             "OOM: out of memory; –: no kernel for that problem (the CSV's note says why)._")
 
 
@@ -178,19 +216,27 @@ def traffic_table(rows, stages=None):
     return "\n".join(lines) + "\n"
 
 
-def glance_table(rows, N=4096, d=64):
-    """One reference problem, every stage: modelled HBM bytes beside the time."""
-    sel = [r for r in rows if int(r["Nq"]) == N and int(r["d"]) == d and r["causal"] == "0"]
+def glance_table(rows, rows16=(), N=4096, d=64):
+    """One reference problem, every stage in its own type (fp32 for 01-06, from
+    forward.csv; stage 07 in bf16, from forward16.csv): modelled HBM bytes beside the time."""
+    def at(r):
+        return int(r["Nq"]) == N and int(r["d"]) == d and r["causal"] == "0"
+    sel = [r for r in rows if at(r)]
+    sel16 = [r for r in rows16 if at(r) and r["stage"] == TENSOR_CORE and dtype_of(r) == "bf16"]
     if not sel:
         return ""
     lines = [f"At N = {N}, d = {d}, B = {sel[0]['B']}, H = {sel[0]['H']}, non-causal:", "",
-             "| stage | HBM bytes (model) | median ms | TFLOP/s |",
-             "| --- | ---: | ---: | ---: |"]
-    for r in sel:
+             "| stage | dtype | HBM bytes (model) | median ms | TFLOP/s |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for r in sel + sel16:
         hbm = int(r["HBM read"]) + int(r["HBM write"])
-        lines.append(f"| {r['stage']} | {hbm / 1e9:.1f} GB | {float(r['median ms']):.3g} | "
-                     f"{float(r['TFLOP/s']):.1f} |")
-    return "\n".join(lines) + "\n\n" + provenance(rows, "forward.csv") + "\n"
+        ms = f"{float(r['median ms']):.3g}" if r["median ms"] else "–"
+        tflops = f"{float(r['TFLOP/s']):.1f}" if r["TFLOP/s"] else "–"
+        lines.append(f"| {r['stage']} | {dtype_of(r)} | {hbm / 1e9:.1f} GB | {ms} | {tflops} |")
+    out = "\n".join(lines) + "\n\n" + provenance(rows, "forward.csv") + "\n"
+    if sel16:
+        out += "\n" + provenance(rows16, "forward16.csv") + "\n"
+    return out
 
 
 def long_table(rows):
@@ -327,6 +373,352 @@ def backward_body():
     return "\n".join(parts)
 
 
+# ------------------------------------------------------------------ stage 07, 16 bits
+
+def pick(rows, stage, dtype, d, causal, n):
+    """The rows of one stage (or peer) in one type on one problem of the sweep."""
+    return [r for r in rows if r["stage"] == stage and dtype_of(r) == dtype and int(r["d"]) == d
+            and r["causal"] == causal and int(r["Nq"]) == n]
+
+
+def peer_dtype(peer):
+    """peers.py's names end in the type: sdpa_flash_bf16 -> bf16."""
+    return peer.rsplit("_", 1)[-1]
+
+
+def same_gpu(a, b):
+    """Whether two CSVs' rows name the same GPU: a ratio of runs on two GPUs means nothing."""
+    return bool(a) and bool(b) and a[0].get("gpu") == b[0].get("gpu")
+
+
+def other_gpu_note(a, a_name, b, b_name):
+    return (f"_No ratios: {a_name} is from {a[0].get('gpu') or 'an unrecorded GPU'}, {b_name} "
+            f"from {b[0].get('gpu') or 'an unrecorded GPU'}._\n")
+
+
+def ratio_cells(ours, theirs, ns):
+    """ours / theirs per N in %, '–' where either is missing."""
+    cells = []
+    for n in ns:
+        a, b = ours.get(n), theirs.get(n)
+        cells.append(f"{a / b:.0%}" if a and b else "–")
+    return cells
+
+
+def tflops_by_n(rows, stage, dtype, d, causal):
+    """{N: TFLOP/s} of one stage or peer on one (d, causal); N without a time left out."""
+    return {int(r["Nq"]): float(r["TFLOP/s"]) for r in rows
+            if r["stage"] == stage and dtype_of(r) == dtype and int(r["d"]) == d
+            and r["causal"] == causal and r["TFLOP/s"]}
+
+
+def table16(title, ns, lines):
+    """A TFLOP/s table against N: lines are (label, cells)."""
+    out = [title, "", "| | " + " | ".join(f"N={n}" for n in ns) + " |",
+           "| --- |" + " ---: |" * len(ns)]
+    out += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in lines]
+    return "\n".join(out) + "\n"
+
+
+def ceiling_values(ceilings):
+    """{name: TFLOP/s} of ceilings.csv's bf16 tensor ceilings."""
+    got = {r["ceiling"]: float(r["value"]) for r in ceilings if r["value"]}
+    return {name: got[name] for name in ("mma_bf16", "gemm_bf16") if name in got}
+
+
+CEILING_LABELS = {"mma_bf16": "mma.sync bf16 peak", "gemm_bf16": "cuBLAS bf16 GEMM 8192³"}
+
+
+def not_recorded(what, steps):
+    return (f"_{what}: not recorded yet; on a GPU, `bash tests/bench/run_all.sh LOGDIR {steps}` "
+            "records it (tests/bench/run_all.sh says how to split the steps into calls of ten "
+            "minutes)._\n")
+
+
+def tensor_core_body(rows16, peers, ceilings):
+    """README.md's <!-- results:tensor_core -->: stage 07 in bf16 against FlashAttention-2
+    (SDPA flash) and cuDNN, each N, with 07's share of FlashAttention-2 and of the
+    measured bf16 ceilings."""
+    ours = [r for r in rows16 if r["stage"] == TENSOR_CORE and dtype_of(r) == "bf16"]
+    theirs = [r for r in peers if r["stage"] in ("sdpa_flash_bf16", "sdpa_cudnn_bf16")]
+    if not ours and not theirs:
+        return not_recorded("Stage 07 and its 16-bit peers", "build sweep16 peers ceilings")
+    ns = sorted({int(r["Nq"]) for r in ours + theirs})
+    ceil = ceiling_values(ceilings) if same_gpu(ours, ceilings) else {}
+    parts = [] if ours else [not_recorded("Stage 07", "build sweep16")]
+    if ours and theirs and not same_gpu(ours, theirs):
+        parts.append(other_gpu_note(ours, "forward16.csv", theirs, "peers.csv"))
+    if ours and ceilings and not same_gpu(ours, ceilings):
+        parts.append(other_gpu_note(ours, "forward16.csv", ceilings, "ceilings.csv"))
+    for d in (64, 128):
+        for causal in ("0", "1"):
+            mine = tflops_by_n(ours, TENSOR_CORE, "bf16", d, causal)
+            fa2 = tflops_by_n(theirs, FA2_PEER, "bf16", d, causal)
+            lines = [(f"{TENSOR_CORE} bf16",
+                      [peer_cell(pick(ours, TENSOR_CORE, "bf16", d, causal, n), 1) for n in ns])
+                     ] if ours else []
+            for peer in ("sdpa_flash_bf16", "sdpa_cudnn_bf16"):
+                if any(r["stage"] == peer for r in theirs):
+                    lines.append((PEERS16[peer], [peer_cell(pick(theirs, peer, "bf16", d, causal, n), 1)
+                                                  for n in ns]))
+            if mine and fa2 and same_gpu(ours, theirs):
+                lines.append(("07 ÷ FlashAttention-2", ratio_cells(mine, fa2, ns)))
+            for name, value in ceil.items():
+                lines.append((f"07 ÷ {CEILING_LABELS[name]} ({value:.0f} TFLOP/s, measured)",
+                              ratio_cells(mine, {n: value for n in ns}, ns)))
+            if not mine and not any(r["causal"] == causal and int(r["d"]) == d for r in theirs):
+                continue
+            parts.append(table16(f"**bf16, d = {d}, {'causal' if causal == '1' else 'non-causal'}** "
+                                 f"({TFLOP_RULE})", ns, lines))
+    notes = []
+    if ours:
+        notes.append(provenance(ours, "forward16.csv"))
+    if theirs:
+        notes.append(peers_provenance(theirs, ""))
+    if ceil:
+        notes.append(provenance([r for r in ceilings if r["ceiling"] in ceil], "ceilings.csv")
+                     + " _mma.sync bf16 peak: flashstep_mma_peak (independent "
+                     "mma.sync.m16n8k16 chains on every SM), what stage 07's instruction can "
+                     "reach; cuBLAS bf16 GEMM: what the chip reaches with Hopper's wgmma._")
+    body = "\n".join(parts) + "\n" + "\n\n".join(notes) + "\n"
+    if ours:
+        body += ("\n![bf16 forward TFLOP/s against N: standard attention, FlashAttention-1 style, "
+                 "stage 07 and PyTorch's kernels](docs/results/plots/bf16_tflops_vs_n.png)\n")
+    return body
+
+
+# Rows of stage 07's full 16-bit sweep, in order: (stage, dtype, label).
+SWEEP16_ROWS = [*((s, "bf16", f"{s} bf16") for s in STEPS),
+                (TENSOR_CORE, "fp16", f"{TENSOR_CORE} fp16"),
+                ("02_safe_softmax", "bf16", "02_safe_softmax bf16 (standard attention)"),
+                ("03_fa1_kv_outer", "bf16", "03_fa1_kv_outer bf16 (FlashAttention-1's loop order)")]
+
+
+def sweep16_body(rows16, peers, traffic):
+    """stages/07_tensor_core/README.md's <!-- results -->: the whole 16-bit sweep, every
+    stage-07 entry and 16-bit stage beside every 16-bit peer, then 07's ncu traffic."""
+    theirs = [r for r in peers if r["stage"] in PEERS16]
+    if not rows16:
+        return not_recorded("The 16-bit sweep", "build sweep16 peers")
+    ns = sorted({int(r["Nq"]) for r in rows16})
+    parts = []
+    for d in (64, 128):
+        for causal in ("0", "1"):
+            lines = []
+            for stage, dtype, label in SWEEP16_ROWS:
+                if any(r["stage"] == stage and dtype_of(r) == dtype for r in rows16):
+                    lines.append((label, [peer_cell(pick(rows16, stage, dtype, d, causal, n), 1)
+                                          for n in ns]))
+            for peer, label in PEERS16.items():
+                if any(r["stage"] == peer for r in theirs):
+                    lines.append((label, [peer_cell(pick(theirs, peer, peer_dtype(peer), d, causal, n), 1)
+                                          for n in ns]))
+            for dtype in ("bf16", "fp16"):
+                mine = tflops_by_n(rows16, TENSOR_CORE, dtype, d, causal)
+                fa2 = tflops_by_n(theirs, f"sdpa_flash_{dtype}", dtype, d, causal)
+                if mine and fa2 and same_gpu(rows16, theirs):
+                    lines.append((f"07 {dtype} ÷ FlashAttention-2 {dtype}", ratio_cells(mine, fa2, ns)))
+            if lines and any(int(r["d"]) == d and r["causal"] == causal for r in rows16):
+                parts.append(table16(f"**d = {d}, {'causal' if causal == '1' else 'non-causal'}** "
+                                     f"({TFLOP_RULE})", ns, lines))
+    parts.append(provenance(rows16, "forward16.csv") + "\n")
+    if theirs:
+        parts.append(peers_provenance(theirs, "") + "\n")
+        if not same_gpu(rows16, theirs):
+            parts.append(other_gpu_note(rows16, "forward16.csv", theirs, "peers.csv"))
+    mine = [r for r in traffic if r["stage"].startswith("07")]
+    if mine:
+        parts += [traffic_table(mine, [r["stage"] for r in mine]), provenance(mine, "traffic.csv") + "\n"]
+    return "\n".join(parts)
+
+
+def has_ablation(rows16):
+    """Whether forward16.csv holds the ladder at the ablation problem: what the ablation
+    table and plots.py's ablation.png need."""
+    return any(r["stage"] in STEPS and int(r["Nq"]) == ABLATION_N and r["causal"] == "0"
+               and dtype_of(r) == "bf16" and r["TFLOP/s"] for r in rows16)
+
+
+def ablation_body(rows16, ablation, peers):
+    """stages/07_tensor_core/README.md's <!-- results:ablation -->: each step's TFLOP/s at
+    N = 4096 (forward16.csv), its gain over the step before, the ncu counter that shows
+    why (ablation.csv), and every counter of every step beside FlashAttention-2's kernel."""
+    if not has_ablation(rows16):
+        return not_recorded("The ablation", "build sweep16 ablation")
+    ladder = [r for r in rows16 if r["stage"] in STEPS and dtype_of(r) == "bf16"
+              and int(r["Nq"]) == ABLATION_N and r["causal"] == "0"]
+    ds = sorted({int(r["d"]) for r in ladder})
+
+    def tflops(rows, stage, d):
+        hit = pick(rows, stage, "bf16", d, "0", ABLATION_N)
+        return float(hit[0]["TFLOP/s"]) if hit and hit[0]["TFLOP/s"] else None
+
+    def counter(stage, d, column):
+        hit = [r for r in ablation if r["stage"] == stage and int(r["d"]) == d and r.get(column)]
+        return float(hit[0][column]) if hit else None
+
+    def show(column, v):
+        if v is None:
+            return "–"
+        if column.endswith("_pct") or column.startswith("stall_"):
+            return f"{v:.1f}"
+        return count(v)
+
+    b = ladder[0]
+    head = ["step", "adds"]
+    for d in ds:
+        head += [f"d = {d} TFLOP/s", "gain"]
+    if ablation:
+        head += ["ncu counter"] + [f"d = {d}: before → after" for d in ds]
+    lines = [f"**The ladder** at N = {ABLATION_N}, B = {b['B']}, H = 2048/d, non-causal, bf16: "
+             "TFLOP/s from the sweep (forward16.csv; 4·B·H·N²·d / median time), the gain over "
+             "the step before"
+             + (", and the Nsight Compute counter the step's idea should move (ablation.csv, "
+                "one profiled run, `--clock-control none`)" if ablation else "") + ".", "",
+             "| " + " | ".join(head) + " |",
+             "| --- | --- |" + " ---: | ---: |" * len(ds)
+             + (" --- |" + " ---: |" * len(ds) if ablation else "")]
+    prev = None
+    for stage in STEPS:
+        cells = [stage, STEP_ADDS[stage]]
+        for d in ds:
+            now = tflops(rows16, stage, d)
+            before = tflops(rows16, prev, d) if prev else None
+            cells += [f"{now:.1f}" if now else "–",
+                      f"×{now / before:.2f}" if now and before else "–"]
+        column, label = STEP_COUNTER[stage]
+        if ablation:
+            cells.append(label)
+            for d in ds:
+                after = counter(stage, d, column)
+                before = counter(prev, d, column) if prev else None
+                cells.append(show(column, after) if prev is None
+                             else f"{show(column, before)} → {show(column, after)}")
+        lines.append("| " + " | ".join(cells) + " |")
+        prev = stage
+    fa2 = [r for r in peers if r["stage"] == FA2_PEER]
+    if fa2:
+        cells = ["FlashAttention-2 (PyTorch SDPA flash bf16)", "the kernel stage 07 rebuilds"]
+        for d in ds:
+            theirs = tflops(fa2, FA2_PEER, d)
+            mine = tflops(rows16, TENSOR_CORE, d)
+            cells += [f"{theirs:.1f}" if theirs else "–",
+                      f"07 at {mine / theirs:.0%}" if mine and theirs and same_gpu(rows16, fa2)
+                      else "–"]
+        if ablation:
+            column, label = STEP_COUNTER[TENSOR_CORE]
+            cells += [label] + [show(column, counter(ABLATION_PEER, d, column)) for d in ds]
+        lines.append("| " + " | ".join(cells) + " |")
+    parts = ["\n".join(lines) + "\n", provenance(rows16, "forward16.csv")
+             + (" " + peers_provenance(fa2, "") if fa2 else "") + "\n"]
+    if ablation:
+        parts.append(ablation_counters(ablation))
+        parts.append(provenance(ablation, "ablation.csv")
+                     + (f" _FlashAttention-2's `{next(r['kernel'] for r in ablation if r['stage'] == ABLATION_PEER) or 'flash_fwd'}` "
+                        f"kernel through PyTorch {next(r['torch'] for r in ablation if r['stage'] == ABLATION_PEER)}._"
+                        if any(r["stage"] == ABLATION_PEER for r in ablation) else "") + "\n")
+    else:
+        parts.append(not_recorded("The ncu counters of the ladder", "build ablation"))
+    parts.append("![Each step's TFLOP/s and where its warps stall]"
+                 "(../../docs/results/plots/ablation.png)\n")
+    return "\n".join(parts)
+
+
+# ablation.csv's columns in the counters table: (column, header).
+ABLATION_COLUMNS = [("duration_ns", "ms (ncu)"), ("instructions", "warp instr."),
+                    ("smem_ld_conflicts", "bank confl. ld"), ("smem_st_conflicts", "bank confl. st"),
+                    ("smem_ld_wavefronts", "smem wavefr. ld"), ("smem_st_wavefronts", "smem wavefr. st"),
+                    ("tensor_active_pct", "tensor active %"), ("registers", "regs"),
+                    ("occupancy_pct", "occupancy %")]
+STALL_LABELS = {"stall_barrier": "barrier", "stall_long_scoreboard": "long sb",
+                "stall_short_scoreboard": "short sb", "stall_wait": "wait",
+                "stall_math_pipe_throttle": "math throttle", "stall_mio_throttle": "mio throttle",
+                "stall_lg_throttle": "lg throttle"}
+
+
+def ablation_counters(ablation):
+    """Every counter of ablation.csv, a table per d: the ladder and FlashAttention-2."""
+    out = ["**Every counter** (ablation.csv): shared-memory bank conflicts and wavefronts "
+           "(`l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{ld,st}`, "
+           "`l1tex__data_pipe_lsu_wavefronts_mem_shared_op_{ld,st}`), tensor pipe active "
+           "(`sm__pipe_tensor_op_hmma_cycles_active`), and the warp stalls: cycles a warp waits "
+           "for that reason per instruction issued "
+           "(`smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio`).", ""]
+    for d in sorted({int(r["d"]) for r in ablation}):
+        rows = [r for r in ablation if int(r["d"]) == d]
+        stalls = [c for c in STALL_LABELS if any(c in r for r in rows)]
+        head = ["d = " + str(d)] + [h for _, h in ABLATION_COLUMNS] + \
+               [f"stall: {STALL_LABELS[c]}" for c in stalls]
+        out += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+        for r in rows:
+            label = "FlashAttention-2 (SDPA flash bf16)" if r["stage"] == ABLATION_PEER else r["stage"]
+            if not r.get("duration_ns"):
+                out.append(f"| {label} | counters unavailable: {r['note']} |"
+                           + " |" * (len(head) - 2))
+                continue
+            cells = []
+            for c, _ in ABLATION_COLUMNS:
+                v = r.get(c, "")
+                if not v:
+                    cells.append("–")
+                elif c == "duration_ns":
+                    cells.append(f"{float(v) / 1e6:.3g}")
+                elif c.endswith("_pct"):
+                    cells.append(f"{float(v):.1f}")
+                elif c == "registers":
+                    cells.append(f"{float(v):.0f}")
+                else:
+                    cells.append(count(v))
+            cells += [f"{float(r[c]):.2f}" if r.get(c) else "–" for c in stalls]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def tiles_body(tiles):
+    """stages/07_tensor_core/README.md's <!-- results:tiles -->: TFLOP/s of every tile
+    shape tiles.py timed, per head dimension, beside its registers, shared memory and
+    resident blocks; stage 07's own shape marked, the best of each column in bold."""
+    if not tiles:
+        return not_recorded("The tile sweep", "build tiles")
+    ns = sorted({int(r["N"]) for r in tiles})
+    causals = [c for c in ("0", "1") if any(r["causal"] == c for r in tiles)]
+    cols = [(n, c) for c in causals for n in ns]
+    r0 = tiles[0]
+    lines = [f"**Tile shapes** ({r0['dtype']}; TFLOP/s, 4·B·H·N²·d, halved if causal; "
+             "B = 16384/N, H = 2048/d): Br × Bc is rows of Q per thread block × keys per K/V "
+             "tile, w the warps per block; registers per thread and resident blocks per SM as "
+             "the driver reports them. ★ marks stage 07's shape (tensor_core_tiles.h), bold the "
+             "fastest shape of each column.", "",
+             "| d | shape | regs | smem KiB | blocks/SM | "
+             + " | ".join(f"N={n}{' causal' if c == '1' else ''}" for n, c in cols) + " |",
+             "| ---: | --- | ---: | ---: | ---: |" + " ---: |" * len(cols)]
+    for d in sorted({int(r["d"]) for r in tiles}):
+        mine = [r for r in tiles if int(r["d"]) == d]
+        shapes = list(dict.fromkeys((r["Br"], r["Bc"], r["warps"]) for r in mine))
+        best = {}
+        for n, c in cols:
+            vals = [float(r["TFLOP/s"]) for r in mine
+                    if int(r["N"]) == n and r["causal"] == c and r["TFLOP/s"] and r["check"] == "ok"]
+            best[n, c] = max(vals) if vals else None
+        for br, bc, w in shapes:
+            rows = [r for r in mine if (r["Br"], r["Bc"], r["warps"]) == (br, bc, w)]
+            star = " ★" if rows[0]["stage shape"] == "1" else ""
+            cells = []
+            for n, c in cols:
+                hit = [r for r in rows if int(r["N"]) == n and r["causal"] == c]
+                if not hit or not hit[0]["TFLOP/s"]:
+                    cells.append(hit[0]["check"] if hit else "–")
+                    continue
+                v = float(hit[0]["TFLOP/s"])
+                text = f"{v:.1f}" + ("" if hit[0]["check"] == "ok" else f" ({hit[0]['check']})")
+                cells.append(f"**{text}**" if v == best[n, c] else text)
+            lines.append(f"| {d} | {br}×{bc} w{w}{star} | {rows[0]['registers']} | "
+                         f"{int(rows[0]['smem bytes']) / 1024:g} | {rows[0]['blocks per SM']} | "
+                         + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + provenance(tiles, "tiles.csv") + "\n"
+
+
 def replace_between(text, tag, body):
     pattern = re.compile(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", re.S)
     if not pattern.search(text):
@@ -335,10 +727,17 @@ def replace_between(text, tag, body):
 
 
 def main():
+    global RESULTS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if a README is out of date")
+    ap.add_argument("--results", default=RESULTS,
+                    help="folder of the CSVs (default: docs/results); e.g. synthetic ones")
+    ap.add_argument("--out", help="write the rewritten READMEs under this folder (same paths) "
+                                  "instead of in place")
     args = ap.parse_args()
-    fwd, traffic, peers = read("forward.csv"), read("traffic.csv"), read("peers.csv")
+    RESULTS = os.path.abspath(args.results)
+    fwd, traffic, peers = fp32_only(read("forward.csv")), read("traffic.csv"), read("peers.csv")
+    rows16, ceilings = read("forward16.csv"), read("ceilings.csv")
     stages = list(dict.fromkeys(r["stage"] for r in fwd))
     edits = {}
 
@@ -347,9 +746,6 @@ def main():
     if fwd:
         tables = [forward_table(fwd, stages, d, c, peers) for d in (64, 128)
                   for c in (False, True)]
-        bf16 = bf16_table(peers)
-        if bf16:
-            tables.append(bf16)
         body_fwd = "\n".join(tables) + "\n" + provenance(fwd, "forward.csv") + "\n"
         if peers:
             body_fwd += "\n" + peers_provenance(peers) + "\n"
@@ -357,27 +753,36 @@ def main():
                 print(f"tables: warning: peers.csv is from {peers[0].get('gpu')!r}, "
                       f"forward.csv from {fwd[0].get('gpu')!r}; compare only runs on one GPU",
                       file=sys.stderr)
-    body_traffic = (traffic_table(traffic) + "\n" + provenance(traffic, "traffic.csv") + "\n"
-                    if traffic else "")
+    traffic32 = fp32_only(traffic)
+    body_traffic = (traffic_table(traffic32) + "\n" + provenance(traffic32, "traffic.csv") + "\n"
+                    if traffic32 else "")
     body_backward = backward_body()
+    body_tc = tensor_core_body(rows16, peers, ceilings)
     edits[readme] = [("results:forward", body_fwd), ("results:traffic", body_traffic),
-                     ("results:long", long_table(read("long.csv"))),
-                     ("results:glance", glance_table(fwd)),
-                     ("results:backward", body_backward)]
+                     ("results:long", long_table(fp32_only(read("long.csv")))),
+                     ("results:glance", glance_table(fwd, rows16)),
+                     ("results:backward", body_backward), ("results:tensor_core", body_tc)]
 
     for folder in sorted(os.listdir(os.path.join(ROOT, "stages"))):
         path = os.path.join(ROOT, "stages", folder, "README.md")
         if not os.path.exists(path):
             continue
+        if folder == TENSOR_CORE:
+            # Stage 07 runs in 16 bits: its sweep, ladder and tile shapes.
+            edits[path] = [("results", sweep16_body(rows16, peers, traffic)),
+                           ("results:ablation", ablation_body(rows16, read("ablation.csv"), peers)),
+                           ("results:tiles", tiles_body(read("tiles.csv"))),
+                           ("results:tensor_core", body_tc)]
+            continue
         mine = [s for s in stages if s.startswith(folder[:3])]
         parts = []
         for s in mine:
             parts.append(f"**{s}**\n\n" + time_table(fwd, s))
-        t = traffic_table(traffic, mine)
+        t = traffic_table(traffic32, mine)
         if t:
             parts.append(t)
         if parts:
-            parts.append(provenance(fwd or traffic, "forward.csv" if fwd else "traffic.csv"))
+            parts.append(provenance(fwd or traffic32, "forward.csv" if fwd else "traffic.csv"))
         # A stage README may also carry the whole sweep with the peers
         # (stage 06 does: its target is the fp32 peer).
         edits[path] = [("results", "\n".join(parts) + ("\n" if parts else "")),
@@ -390,13 +795,22 @@ def main():
         new = old
         for tag, body in subs:
             new = replace_between(new, tag, body)
+        rel = os.path.relpath(path, ROOT)
+        if args.out:  # every README, changed or not, so that OUT holds the whole set
+            os.makedirs(os.path.dirname(os.path.join(args.out, rel)), exist_ok=True)
+            with open(os.path.join(args.out, rel), "w") as f:
+                f.write(new)
         if new != old:
-            stale.append(os.path.relpath(path, ROOT))
-            if not args.check:
+            stale.append(rel)
+            if not args.check and not args.out:
                 with open(path, "w") as f:
                     f.write(new)
     if args.check and stale:
         sys.exit("tables: out of date (run python3 tests/bench/tables.py): " + ", ".join(stale))
+    if args.out:
+        print(f"tables: wrote the READMEs to {args.out}" + (f"; these differ from the repository's: "
+              + ", ".join(stale) if stale else ""))
+        return
     print(("tables: rewrote " + ", ".join(stale)) if stale else "tables: up to date")
 
 
