@@ -6,16 +6,26 @@
 #   bash tests/bench/run_all.sh LOGDIR [STEP ...]
 #
 # Steps, in order (all of them when none is named):
-#   build     cmake --preset default, CUDA architectures from $CUDA_ARCHITECTURES (default 90)
+#   build     cmake --preset default, CUDA architectures from $CUDA_ARCHITECTURES (default 90);
+#             the CLI and the bench tools (fma_peak, mma_peak, tile_sweep)
 #   device    device.py         -> device.csv   (flashstep info: SM count, clocks, memory, CUDA versions)
-#   sweep     sweep.py          -> forward.csv  (the FlashAttention-2 paper's sweep)
-#   long      sweep.py --long   -> long.csv     (B=1, H=4, N=65536)
-#   peers     peers.py          -> peers.csv    (PyTorch SDPA; skipped without torch + CUDA)
-#   traffic   traffic.py        -> traffic.csv  (ncu; skipped without ncu, kept old if no counters)
+#   sweep     sweep.py --dtype fp32 -> forward.csv (the FlashAttention-2 paper's sweep, stages 01-06)
+#   sweep16   sweep.py --dtype bf16 --stage 02,03,07, then --dtype fp16 --stage 07_tensor_core
+#             --append -> forward16.csv (the same sweep in 16 bits: stage 07's ladder, and
+#             stages 02 and 03 as the paper's standard attention and FlashAttention-1)
+#   long      sweep.py --long --dtype fp32 -> long.csv (B=1, H=4, N=65536)
+#   peers     peers.py          -> peers.csv    (PyTorch SDPA, fp32 and 16-bit; skipped without
+#             torch + CUDA)
+#   traffic   traffic.py        -> traffic.csv  (ncu, every stage in its own type; skipped without
+#             ncu, kept old if no counters)
 #   backward  backward.py       -> backward.csv, backward_memory.csv, backward_determinism.csv
 #             (stages 02 and 05 with SDPA's fp32 backwards when torch is there), then
 #             traffic.py --backward -> backward_traffic.csv (ncu, N = 4096)
-#   ceilings  ceilings.py       -> ceilings.csv (copy bandwidth, fp32 GEMM; skipped without torch)
+#   ceilings  ceilings.py       -> ceilings.csv (copy bandwidth, fp32 GEMM and FMA peak; bf16
+#             GEMM and mma.sync peak; skipped without torch)
+#   tiles     tiles.py          -> tiles.csv    (stage 07 at other tile shapes, d = 64/128/256)
+#   ablation  ablation.py       -> ablation.csv (ncu on each step of stage 07's ladder and on
+#             FlashAttention-2's kernel; skipped without ncu, kept old if no counters)
 #   tables    tables.py         -> the README tables
 #   plots     plots.py          -> docs/results/plots/ (skipped without matplotlib)
 #
@@ -26,20 +36,33 @@
 # `tar xzf results.tar.gz` in the repository root, then tables.py and plots.py. The exit status is
 # non-zero when a step failed; the other steps still run.
 #
-# On the H200 the whole run takes over ten minutes (the long point alone
-# about four): where one command may run ten minutes at most, split it, e.g.
-#   bash tests/bench/run_all.sh /tmp/a build sweep peers ceilings
-#   bash tests/bench/run_all.sh /tmp/b long traffic tables plots
+# On the H200 the whole run takes well over ten minutes (the long point alone
+# about five). Where one command may run ten minutes at most, split it into
+# calls; each starts with build (about a minute on a fresh machine, nothing on
+# a warm one). The times are estimates from the recorded CSVs (GPU time, plus
+# the fp64 checks and input draws on the host, plus ncu's replays), not
+# measurements of the calls:
+#   bash tests/bench/run_all.sh /tmp/a build device sweep peers ceilings   # ~6 min
+#   bash tests/bench/run_all.sh /tmp/b build sweep16 tiles                 # ~6-7 min
+#   bash tests/bench/run_all.sh /tmp/c build ablation long                 # ~8 min
+#   bash tests/bench/run_all.sh /tmp/d build traffic                       # ~5-8 min
+#   bash tests/bench/run_all.sh /tmp/e build backward                      # see its log
+# then tables and plots (no GPU needed: here, after unpacking the results).
+# When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
+# (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
 #
 # Environment: CUDA_ARCHITECTURES (90), BUILD_DIR (build), PYTHON (python3),
 # FLASHSTEP_COMMIT (default: git rev-parse HEAD; the scripts record it),
-# SWEEP_ARGS (extra flags for sweep.py and peers.py, e.g. "--N 1024 --d 64"),
-# TRAFFIC_ARGS (extra flags for traffic.py, e.g. "--N 8192 --d 64").
+# SWEEP_ARGS (extra flags for sweep.py, both sweep steps, and peers.py, e.g. "--N 1024 --d 64"),
+# TRAFFIC_ARGS (extra flags for traffic.py, e.g. "--N 8192 --d 64"),
+# TILES_ARGS (flags for flashstep_tile_sweep, e.g. "--d 128 --N 4096"),
+# ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64").
 set -uo pipefail
-log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [build device sweep long peers traffic backward ceilings tables plots]}
+all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles ablation tables plots)
+log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build device sweep long peers traffic backward ceilings tables plots)
+[ ${#steps[@]} -eq 0 ] && steps=("${all_steps[@]}")
 
 mkdir -p "$log" && log=$(cd "$log" && pwd) || exit 1
 cd "$(dirname "$0")/../.." || exit 1
@@ -52,6 +75,8 @@ exe="$build/stages/cli/flashstep"
 results=docs/results
 read -r -a sweep_args <<<"${SWEEP_ARGS:-}"
 read -r -a traffic_args <<<"${TRAFFIC_ARGS:-}"
+read -r -a tiles_args <<<"${TILES_ARGS:-}"
+read -r -a ablation_args <<<"${ABLATION_ARGS:-}"
 if [ -z "${FLASHSTEP_COMMIT:-}" ]; then
   FLASHSTEP_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
   if [ "$FLASHSTEP_COMMIT" != unknown ] && ! git diff --quiet HEAD -- 2>/dev/null; then
@@ -83,6 +108,15 @@ step() {
   return $rc
 }
 
+# has_counters CSV COLUMN: whether some row of an ncu CSV has COLUMN filled
+# (the scripts write a row per run even when ncu reads no counters; such a
+# file must not replace a measured one).
+has_counters() {
+  [ -s "$1" ] && "$py" -c '
+import csv, sys
+sys.exit(0 if any(r[sys.argv[2]] for r in csv.DictReader(open(sys.argv[1]))) else 1)' "$1" "$2"
+}
+
 # record NAME CSV: moves a freshly written CSV from LOGDIR into docs/results/.
 record() {
   if [ -s "$log/$2" ]; then
@@ -102,15 +136,26 @@ for s in "${steps[@]}"; do
   case $s in
     build)
       step configure cmake --preset default -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
-        && step build cmake --build "$build" --target flashstep flashstep_fma_peak
+        && step build cmake --build "$build" --target flashstep flashstep_fma_peak \
+          flashstep_mma_peak flashstep_tile_sweep
       ;;
     sweep)
-      step sweep "$py" tests/bench/sweep.py --flashstep "$exe" --out "$log/forward.csv" \
-        "${sweep_args[@]}"
+      step sweep "$py" tests/bench/sweep.py --flashstep "$exe" --dtype fp32 \
+        --out "$log/forward.csv" "${sweep_args[@]}"
       record sweep forward.csv
       ;;
+    sweep16)
+      # Both types into one CSV: bf16 for everything that runs in it, then the
+      # stage's fp16 beside it (the other stages' fp16 would add only time).
+      step sweep16 "$py" tests/bench/sweep.py --flashstep "$exe" --dtype bf16 --stage 02,03,07 \
+        --out "$log/forward16.csv" "${sweep_args[@]}"
+      step sweep16_fp16 "$py" tests/bench/sweep.py --flashstep "$exe" --dtype fp16 \
+        --stage 07_tensor_core --append --out "$log/forward16.csv" "${sweep_args[@]}"
+      record sweep16 forward16.csv
+      ;;
     long)
-      step long "$py" tests/bench/sweep.py --flashstep "$exe" --long --out "$log/long.csv"
+      step long "$py" tests/bench/sweep.py --flashstep "$exe" --long --dtype fp32 \
+        --out "$log/long.csv"
       record long long.csv
       ;;
     peers)
@@ -128,12 +173,7 @@ for s in "${steps[@]}"; do
       fi
       step traffic "$py" tests/bench/traffic.py --flashstep "$exe" --out "$log/traffic.csv" \
         "${traffic_args[@]}"
-      # traffic.py writes a row per stage even when ncu reads no counters;
-      # such a file must not replace a measured one.
-      if [ -s "$log/traffic.csv" ] && "$py" -c '
-import csv, sys
-sys.exit(0 if any(r["dram_read"] for r in csv.DictReader(open(sys.argv[1]))) else 1)' \
-          "$log/traffic.csv"; then
+      if has_counters "$log/traffic.csv" dram_read; then
         record traffic traffic.csv
       else
         say "traffic: skipped, ncu read no counters here (see $log/traffic.csv); $results/traffic.csv left as it was"
@@ -157,10 +197,31 @@ sys.exit(0 if any(r["dram_read"] for r in csv.DictReader(open(sys.argv[1]))) els
     ceilings)
       if have_torch; then
         step ceilings "$py" tests/bench/ceilings.py --out "$log/ceilings.csv" \
-          --fma-peak "$build/tests/bench/flashstep_fma_peak"
+          --fma-peak "$build/tests/bench/flashstep_fma_peak" \
+          --mma-peak "$build/tests/bench/flashstep_mma_peak"
         record ceilings ceilings.csv
       else
         say "ceilings: skipped, no PyTorch with CUDA for $py; $results/ceilings.csv left as it was"
+      fi
+      ;;
+    tiles)
+      step tiles "$py" tests/bench/tiles.py --out "$log/tiles.csv" \
+        --tile-sweep "$build/tests/bench/flashstep_tile_sweep" -- "${tiles_args[@]}"
+      record tiles tiles.csv
+      ;;
+    ablation)
+      if ! command -v ncu >/dev/null; then
+        say "ablation: skipped, no ncu on PATH; $results/ablation.csv left as it was"
+        continue
+      fi
+      peer_flag=()
+      have_torch || peer_flag=(--no-peer)
+      step ablation "$py" tests/bench/ablation.py --flashstep "$exe" --out "$log/ablation.csv" \
+        --python "$py" "${peer_flag[@]}" "${ablation_args[@]}"
+      if has_counters "$log/ablation.csv" duration_ns; then
+        record ablation ablation.csv
+      else
+        say "ablation: skipped, ncu read no counters here (see $log/ablation.csv); $results/ablation.csv left as it was"
       fi
       ;;
     device)
@@ -178,7 +239,7 @@ sys.exit(0 if any(r["dram_read"] for r in csv.DictReader(open(sys.argv[1]))) els
       fi
       ;;
     *)
-      say "unknown step '$s' (build device sweep long peers traffic backward ceilings tables plots)"
+      say "unknown step '$s' (${all_steps[*]})"
       failed+=("$s")
       ;;
   esac
