@@ -20,9 +20,9 @@
 
 namespace flashstep::tensor_core {
 
-template <typename Elem, int kHeadDim, Step kStep>
-void launch(const Problem& p, const ForwardTensors& t, Stream stream) {
-  using C = Config<kHeadDim, kStep>;
+/// The kernel's arguments for problem p on tensors t.
+template <typename Elem>
+Params<Elem> make_params(const Problem& p, const ForwardTensors& t) {
   constexpr std::uintptr_t kChunkAlign = sm80::kChunkBytes;
   auto aligned = [](const void* ptr) {
     return reinterpret_cast<std::uintptr_t>(ptr) % kChunkAlign == 0;
@@ -52,12 +52,24 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream) {
   // Rows start on 16-byte boundaries when d is a multiple of 8 elements.
   prm.vec = p.d % sm80::kChunkElems == 0 && aligned(t.Q) && aligned(t.K) && aligned(t.V) &&
             aligned(t.O);
+  return prm;
+}
+
+/// Launches the kernel of configuration C on `stream`. C's tile shape is the
+/// step's own here; tests/bench/tile_sweep.cu passes others.
+template <typename Elem, typename C>
+void launch_config(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   // Grid x: Tr <= ceil((2^31 - 1) / 64) Q blocks, inside x's 2^31 - 1.
   const std::int64_t Tr = (p.Nq - 1) / C::kBr + 1;
   const dim3 grid(static_cast<unsigned>(Tr), static_cast<unsigned>(std::min(p.heads(), kMaxGridY)));
+  launch_with_smem(tensor_core_kernel<Elem, C>, grid, C::kThreads, C::kSmemElems * sizeof(Elem),
+                   stream, what, make_params<Elem>(p, t));
+}
+
+template <typename Elem, int kHeadDim, Step kStep>
+void launch(const Problem& p, const ForwardTensors& t, Stream stream) {
   const std::string what = "stage 07 " + std::string(step_slug(kStep)) + " kernel";
-  launch_with_smem(tensor_core_kernel<Elem, C>, grid, C::kThreads,
-                   C::kSmemElems * sizeof(Elem), stream, what.c_str(), prm);
+  launch_config<Elem, Config<kHeadDim, kStep>>(p, t, stream, what.c_str());
 }
 
 template <typename Elem, Step kStep>

@@ -28,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <iomanip>
@@ -38,8 +37,8 @@
 #include <string>
 #include <vector>
 
-#include "07_tensor_core/tensor_core.cuh"
 #include "07_tensor_core/tensor_core.h"
+#include "07_tensor_core/tensor_core_launch.cuh"
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
@@ -70,9 +69,8 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
-// One shape: stage 07's kernel with Config<d, kTunedTiles, Br, Bc, Warps>.
-// The kernel's parameters, filled as tensor_core_launch.cuh's launch() fills
-// them (that launcher takes the default shape only).
+// One shape: stage 07's kernel with Config<d, kTunedTiles, Br, Bc, Warps>,
+// launched by the stage's own launch_config (tensor_core_launch.cuh).
 template <int kHeadDim, int kBr, int kBc, int kWarps>
 struct Shape {
   using Elem = __nv_bfloat16;
@@ -84,31 +82,7 @@ struct Shape {
     validate(p);
     if (p.dtype != DType::kBf16) throw Error("tile sweep: bf16 only");
     if (head_dim_bucket(p.d) != kHeadDim) throw Error("tile sweep: d outside this shape's bucket");
-    constexpr std::uintptr_t kChunkAlign = sm80::kChunkBytes;
-    auto aligned = [](const void* ptr) {
-      return reinterpret_cast<std::uintptr_t>(ptr) % kChunkAlign == 0;
-    };
-    tensor_core::Params<Elem> prm;
-    prm.Q = static_cast<const Elem*>(t.Q);
-    prm.K = static_cast<const Elem*>(t.K);
-    prm.V = static_cast<const Elem*>(t.V);
-    prm.O = static_cast<Elem*>(t.O);
-    prm.L = t.L;
-    prm.heads = p.heads();
-    prm.Nq = static_cast<int>(p.Nq);
-    prm.Nk = static_cast<int>(p.Nk);
-    prm.d = static_cast<int>(p.d);
-    prm.causal = p.causal;
-    // launch() explains the sign and zero handling of the scale.
-    const float scale_log2 = static_cast<float>(std::fabs(p.softmax_scale()) * tensor_core::kLog2e);
-    prm.scale_log2 = scale_log2 == 0.0f ? FLT_MIN : scale_log2;
-    prm.negate_q = p.softmax_scale() < 0.0;
-    prm.vec = p.d % sm80::kChunkElems == 0 && aligned(t.Q) && aligned(t.K) && aligned(t.V) &&
-              aligned(t.O);
-    const std::int64_t Tr = (p.Nq - 1) / C::kBr + 1;
-    const dim3 grid(static_cast<unsigned>(Tr),
-                    static_cast<unsigned>(std::min(p.heads(), tensor_core::kMaxGridY)));
-    launch_with_smem(kernel, grid, C::kThreads, kSmemBytes, stream, "tile sweep kernel", prm);
+    tensor_core::launch_config<Elem, C>(p, t, stream, "tile sweep kernel");
   }
 
   // Registers per thread and resident blocks per SM, as the driver sees them.
