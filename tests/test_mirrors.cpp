@@ -1,19 +1,25 @@
-// Every stage's CPU mirror against the fp64 reference, and its counts against
-// the stage's closed-form model; plus the model facts the stage READMEs state.
+// Every stage's CPU mirror, in its stage's native type, against the fp64
+// reference (fp32 within kFp32Tolerance, fp16 and bf16 by FlashAttention's
+// rule: common/check.h), and its counts against the stage's closed-form model;
+// plus the model facts the stage READMEs state.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/check.h"
 #include "common/device.h"
 #include "common/reference.h"
+#include "common/rounding.h"
 #include "common/stage.h"
 #include "check_cost.h"
 #include "shapes.h"
 
 using flashstep::Cost;
+using flashstep::DType;
 using flashstep::Problem;
 using flashstep::Stage;
 using flashstep::test::make_problem;
@@ -27,36 +33,81 @@ const Stage& stage_named(std::string_view name) {
   throw;  // unreachable: FAIL throws
 }
 
-}  // namespace
+// Q, K and V rounded to p.dtype, as the runner rounds them for the device
+// (unchanged in fp32): what a mirror in that type is given.
+flashstep::Inputs rounded(const Problem& p, flashstep::Inputs in) {
+  for (std::vector<float>* x : {&in.Q, &in.K, &in.V}) {
+    flashstep::round_to_dtype(p.dtype, x->data(), static_cast<std::int64_t>(x->size()));
+  }
+  return in;
+}
 
-TEST_CASE("CPU mirrors match the fp64 reference and count exactly what their model says") {
-  int mirrors = 0;
-  for (const Stage& s : flashstep::all_stages()) {
-    if (!s.mirror) continue;
-    ++mirrors;
-    std::uint64_t seed = 1;
-    for (const Problem& p : flashstep::test::ragged_problems()) {
-      CAPTURE(s.name);
-      CAPTURE(p.describe());
-      const auto in = flashstep::random_inputs(p, seed++);
-      std::vector<float> O(static_cast<size_t>(p.q_elems()), NAN);
-      std::vector<float> L(static_cast<size_t>(p.lse_elems()), NAN);
-      const Cost counted = s.mirror(p, {in.Q.data(), in.K.data(), in.V.data(), O.data(), L.data()});
-      const auto ref = flashstep::reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
-      const auto o = flashstep::compare(O.data(), ref.O, flashstep::kFp32Tolerance);
-      CHECK_MESSAGE(o.ok(), "O: " << o.summary());
-      if (s.writes_lse) {
-        const auto l = flashstep::compare(L.data(), ref.L, flashstep::kFp32Tolerance);
-        CHECK_MESSAGE(l.ok(), "L: " << l.summary());
+struct MirrorRun {
+  std::vector<float> O, L;  // [B, H, Nq, d] and [B, H, Nq]
+  Cost counted;
+};
+
+// The stage's mirror on the inputs rounded to p.dtype, O and L poisoned first.
+MirrorRun run_mirror(const Stage& s, const Problem& p, const flashstep::Inputs& in) {
+  const flashstep::Inputs sent = rounded(p, in);
+  MirrorRun run;
+  run.O.assign(static_cast<size_t>(p.q_elems()), NAN);
+  run.L.assign(static_cast<size_t>(p.lse_elems()), NAN);
+  run.counted =
+      s.mirror(p, {sent.Q.data(), sent.K.data(), sent.V.data(), run.O.data(), run.L.data()});
+  return run;
+}
+
+// O and L against the truth for p.dtype by its rule (check_forward), and
+// exactly O = 0 and L = -inf in the rows that see no key.
+void check_outputs(const Stage& s, const Problem& p, const flashstep::ForwardTruth& truth,
+                   const MirrorRun& run) {
+  const auto c = flashstep::check_forward(p, run.O.data(), s.writes_lse ? run.L.data() : nullptr,
+                                          truth);
+  CHECK_MESSAGE(c.ok(), c.summary());
+  std::int64_t not_empty = 0;  // elements of keyless rows that are not O = 0, L = -inf
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+      const auto row = static_cast<size_t>(bh * p.Nq + i);
+      for (size_t k = 0; k < static_cast<size_t>(p.d); ++k) {
+        not_empty += run.O[row * static_cast<size_t>(p.d) + k] != 0.0f;
       }
-      flashstep::test::check_counts_equal(counted, s.model(p));
+      if (s.writes_lse) not_empty += run.L[row] != -INFINITY;
     }
   }
-  CHECK(mirrors >= 2);  // stages 03 and 04 have mirrors
+  CHECK(not_empty == 0);
+}
+
+}  // namespace
+
+TEST_CASE("CPU mirrors, each in its stage's native type, match the reference and the model") {
+  std::vector<const Stage*> mirrored;
+  for (const Stage& s : flashstep::all_stages()) {
+    if (s.mirror) mirrored.push_back(&s);
+  }
+  CHECK(mirrored.size() >= 2);  // stages 03 and 04
+  std::uint64_t seed = 1;
+  for (const Problem& ragged : flashstep::test::ragged_problems()) {
+    const auto in = flashstep::random_inputs(ragged, seed++);
+    // The truth for each type, computed once for the mirrors that run in it.
+    std::map<DType, flashstep::ForwardTruth> truths;
+    for (const Stage* s : mirrored) {
+      Problem p = ragged;
+      p.dtype = s->dtypes.front();
+      CAPTURE(s->name);
+      CAPTURE(p.describe());
+      auto truth = truths.find(p.dtype);
+      if (truth == truths.end()) {
+        truth = truths.emplace(p.dtype, flashstep::forward_truth(p, in)).first;
+      }
+      const MirrorRun run = run_mirror(*s, p, in);
+      check_outputs(*s, p, truth->second, run);
+      flashstep::test::check_counts_equal(run.counted, s->model(p));
+    }
+  }
 }
 
 TEST_CASE("models count 2-byte Q, K, V and O in fp16 and bf16; L, S and fp32 workspaces stay 4") {
-  using flashstep::DType;
   for (bool causal : {false, true}) {
     Problem p = make_problem(2, 3, 100, 130, 40, causal);
     Problem half = p;
@@ -155,3 +206,4 @@ TEST_CASE("stage 06: split-Q and split-K move FA2's HBM bytes; split-K pays in S
   CHECK(cq.hbm_read_bytes == 2 * (128 + 2 * 256) * 64 * flashstep::kFloatBytes);
   CHECK(cq.barriers == 2 * 2 * (256 / 64));
 }
+
