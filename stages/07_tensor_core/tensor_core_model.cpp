@@ -114,6 +114,7 @@ Stage entry(std::string_view name, std::string_view title, std::vector<DType> dt
   s.forward = tensor_core::forward<kStep>;
   s.workspace_bytes = tensor_core::workspace_bytes;
   s.model = tensor_core::model<kStep>;
+  s.mirror = tensor_core::mirror<kStep>;
   s.dtypes = std::move(dtypes);
   s.backward_dtypes = {};  // no backward yet: the "Stage 07 backward" issue
   return s;
