@@ -109,7 +109,7 @@ TEST_CASE("CPU mirrors, each in its stage's native type, match the reference and
   }
 }
 
-TEST_CASE("models count 2-byte Q, K, V and O in fp16 and bf16; L, S and fp32 workspaces stay 4") {
+TEST_CASE("models count 2-byte Q, K, V and O in fp16 and bf16, and 4-byte L, S and workspaces") {
   for (bool causal : {false, true}) {
     Problem p = make_problem(2, 3, 100, 130, 40, causal);
     Problem half = p;
@@ -182,7 +182,7 @@ TEST_CASE("stage 05 moves what stage 04 moves, spread over Tr * B * H thread blo
   }
 }
 
-TEST_CASE("stage 06: split-Q and split-K move FA2's HBM bytes; split-K pays in SRAM and barriers") {
+TEST_CASE("stage 06: split-Q and split-K move FA2's HBM bytes, split-K pays in SRAM and barriers") {
   const auto both = flashstep::select_stages("06");
   REQUIRE(both.size() == 2);
   const Stage& q = stage_named("06_warp_split_q");
