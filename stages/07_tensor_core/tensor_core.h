@@ -33,6 +33,12 @@ std::int64_t workspace_bytes(const Problem& p);
 template <Step kStep>
 Cost model(const Problem& p);
 
+/// The step's algorithm on the host with the kernel's loops, tiles and
+/// numerics, in bf16 (fp16 too for step 5, as the kernel): O rounded to
+/// p.dtype, L fp32; counting what model() counts (tensor_core_mirror.cpp).
+template <Step kStep>
+Cost mirror(const Problem& p, const HostTensors& t);
+
 }  // namespace flashstep::tensor_core
 
 namespace flashstep {

@@ -1,25 +1,41 @@
 /// \file mirror_chip.h
 /// \brief The counting machine the tile-based CPU mirrors run on (stage 04's
-/// forward, stage 05's backward): shared-memory tiles, and a Chip through
-/// which every element moved between HBM and the tiles, every shared-memory
-/// access and every FLOP is counted into a Cost (conventions in cost.h).
+/// forward, stage 05's backward, stage 07's tensor-core forward):
+/// shared-memory tiles, and a Chip through which every element moved between
+/// HBM and the tiles, every shared-memory access and every FLOP is counted
+/// into a Cost (conventions in cost.h). Elements are fp32 unless a tile or a
+/// store names a 16-bit type: then they cost 2 bytes and are rounded to it.
 /// Host only, CUDA-free.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "cost.h"
 #include "problem.h"
+#include "rounding.h"
 
 namespace flashstep::mirror {
 
-/// A tile in shared memory: row-major [rows][cols].
+/// A tile in shared memory: row-major [rows][cols] elements of `dtype`
+/// (fp16 and bf16 held as their exact fp32 values).
 struct Tile {
   std::int64_t rows = 0, cols = 0;
   std::vector<float> v;
+  DType dtype = DType::kFp32;  ///< what one element costs, and what a write rounds to
+
+  Tile() = default;
+  /// An empty tile of `t` elements, for Chip::load to fill.
+  explicit Tile(DType t) : dtype(t) {}
+  /// A rows x cols tile holding `values` [rows * cols].
+  Tile(std::int64_t r, std::int64_t c, std::vector<float> values, DType t = DType::kFp32)
+      : rows(r), cols(c), v(std::move(values)), dtype(t) {}
+
+  std::int64_t elem_bytes() const { return dtype_bytes(dtype); }  ///< bytes of one element
   /// Element (r, c), uncounted: for the Chip's own helpers.
   float at(std::int64_t r, std::int64_t c) const { return v[static_cast<size_t>(r * cols + c)]; }
 };
@@ -32,28 +48,33 @@ class Chip {
  public:
   Cost cost;  ///< everything counted so far
 
-  /// HBM -> shared memory: rows x cols elements of a row-major [., cols] array.
+  /// HBM -> shared memory: rows x cols elements of a row-major [., cols]
+  /// array, in the tile's type. A 16-bit stage's array holds values of that
+  /// type already (its caller rounds them as the runner does on the way to
+  /// the device); rounding them again here changes nothing.
   void load(const float* hbm, std::int64_t rows, std::int64_t cols, Tile& tile) {
     tile.rows = rows;
     tile.cols = cols;
     tile.v.assign(hbm, hbm + rows * cols);
-    cost.hbm_read_bytes += rows * cols * kFloatBytes;
-    cost.sram_write_bytes += rows * cols * kFloatBytes;
+    round_to_dtype(tile.dtype, tile.v.data(), rows * cols);
+    cost.hbm_read_bytes += rows * cols * tile.elem_bytes();
+    cost.sram_write_bytes += rows * cols * tile.elem_bytes();
   }
   /// Shared memory -> registers, one element used once.
   float read(const Tile& tile, std::int64_t r, std::int64_t c) {
-    cost.sram_read_bytes += kFloatBytes;
+    cost.sram_read_bytes += tile.elem_bytes();
     return tile.at(r, c);
   }
-  /// Registers -> shared memory, one element.
+  /// Registers -> shared memory, one element, rounded to the tile's type.
   void write(Tile& tile, std::int64_t r, std::int64_t c, float value) {
-    cost.sram_write_bytes += kFloatBytes;
-    tile.v[static_cast<size_t>(r * tile.cols + c)] = value;
+    cost.sram_write_bytes += tile.elem_bytes();
+    tile.v[static_cast<size_t>(r * tile.cols + c)] = round_to_dtype(tile.dtype, value);
   }
-  /// Registers -> HBM.
-  void store(float* hbm, float value) {
-    *hbm = value;
-    cost.hbm_write_bytes += kFloatBytes;
+  /// Registers -> HBM, one element of type t (rounded to it): O in the
+  /// stage's type, L and the fp32 arrays in the default.
+  void store(float* hbm, float value, DType t = DType::kFp32) {
+    *hbm = round_to_dtype(t, value);
+    cost.hbm_write_bytes += dtype_bytes(t);
   }
   /// Registers -> HBM through an atomic add: a read and a write of the element.
   void atomic_add(float* hbm, float value) {
@@ -84,7 +105,43 @@ class Chip {
     for (std::int64_t k = 0; k < n; ++k) out[k] += x * B.at(b, k);
   }
 
-  // Everything else, one FLOP each.
+  // The tensor-core stage's products: a warp loads each operand's fragments
+  // from shared memory once (ldmatrix) and reuses them, from registers, in
+  // every mma that needs them; so the reads are counted per fragment load,
+  // and the products count only their FLOPs.
+
+  /// Shared memory -> a warp's registers: rows [row0, row0 + rows) of the
+  /// tile, every column, each element read once. Row-major [rows][tile.cols].
+  std::vector<float> fragments(const Tile& tile, std::int64_t row0, std::int64_t rows) {
+    cost.sram_read_bytes += rows * tile.cols * tile.elem_bytes();
+    const auto first = tile.v.begin() + static_cast<std::ptrdiff_t>(row0 * tile.cols);
+    return {first, first + static_cast<std::ptrdiff_t>(rows * tile.cols)};
+  }
+  /// The whole tile into a warp's registers transposed, [tile.cols][tile.rows]:
+  /// Kj as the B operand of Qi Kj^T, keys along the columns. Each element read once.
+  std::vector<float> fragments_transposed(const Tile& tile) {
+    cost.sram_read_bytes += tile.rows * tile.cols * tile.elem_bytes();
+    std::vector<float> t(tile.v.size());
+    for (std::int64_t r = 0; r < tile.rows; ++r) {
+      for (std::int64_t c = 0; c < tile.cols; ++c) {
+        t[static_cast<size_t>(c * tile.rows + r)] = tile.at(r, c);
+      }
+    }
+    return t;
+  }
+  /// out [m] += a [n] B [n, m] from register fragments: one row of an mma
+  /// chain's output (a: that row of the A operand; B: the B operand, k along
+  /// its rows). Each out[j] adds its n products in k order, in fp32.
+  void mma_row(const float* a, const float* B, std::int64_t n, std::int64_t m, float* out) {
+    cost.matmul_flops += 2 * n * m;
+    for (std::int64_t k = 0; k < n; ++k) {
+      const float a_k = a[k];
+      const float* B_k = B + k * m;
+      for (std::int64_t j = 0; j < m; ++j) out[j] += a_k * B_k[j];
+    }
+  }
+
+  // Everything else, one FLOP each (a fused multiply-add two).
   float mul(float a, float b) { return count(a * b); }
   float add(float a, float b) { return count(a + b); }
   float sub(float a, float b) { return count(a - b); }
@@ -92,6 +149,12 @@ class Chip {
   float max(float a, float b) { return count(std::max(a, b)); }
   float exp2(float x) { return count(std::exp2(x)); }
   float log(float x) { return count(std::log(x)); }
+  float log2(float x) { return count(std::log2(x)); }
+  /// a b + c rounded once (an FFMA): a multiply and an add.
+  float fma(float a, float b, float c) {
+    ++cost.nonmatmul_flops;
+    return count(std::fma(a, b, c));
+  }
 
  private:
   float count(float x) {

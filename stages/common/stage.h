@@ -39,8 +39,10 @@ struct ForwardTensors {
 /// aligned bases).
 bool float4_ok(const Problem& p, const ForwardTensors& t);
 
-/// Host pointers for a CPU mirror: the same layout as ForwardTensors, in fp32
-/// (the mirrors compute in fp32).
+/// Host pointers for a CPU mirror: the same layout as ForwardTensors, as fp32
+/// arrays in every type. A mirror runs in p.dtype as its kernel does: in fp16
+/// or bf16, Q, K and V hold that type's values (rounded as the runner rounds
+/// them for the device), and O is written rounded to it; L stays fp32.
 struct HostTensors {
   const float* Q = nullptr;  ///< [B, H, Nq, d]
   const float* K = nullptr;  ///< [B, H, Nk, d]
