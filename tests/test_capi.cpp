@@ -479,7 +479,7 @@ TEST_CASE("capi typed: 16-bit tensors are aligned to 2 bytes and sized at 2 byte
   }
 }
 
-TEST_CASE("capi typed backward: the backwards run in fp32 only; other types are ESTAGE") {
+TEST_CASE("capi typed backward: the backwards run in fp32 only, other types are ESTAGE") {
   BackwardCall c;
   auto run_typed = [&](const char* stage, int dtype) {
     return flashstep_backward_typed(stage, dtype, c.B, c.H, c.Nq, c.Nk, c.d, 0, 0.0, c.Q, c.K,

@@ -178,7 +178,7 @@ TEST_CASE("cli: model --backward prints the backwards' model with their device m
   CHECK(flashstep::device_bytes_needed(s05, p, true) < (2ll << 30));
 }
 
-TEST_CASE("cli: --dtype picks the element type; stages without it are skipped with one note") {
+TEST_CASE("cli: --dtype picks the element type, stages without it are skipped with one note") {
   const auto o = parse_args({"--dtype", "bf16"});
   REQUIRE(o.dtype);
   CHECK(*o.dtype == flashstep::DType::kBf16);
@@ -187,21 +187,24 @@ TEST_CASE("cli: --dtype picks the element type; stages without it are skipped wi
   CHECK_THROWS_WITH_AS(parse_args({"--dtype", "fp64"}),
                        "--dtype must be fp32, fp16 or bf16, got 'fp64'", Error);
 
-  // Stages 02 and 03 run in fp16; the rest are named once on stderr.
+  // Stages 02, 03 and 07_tensor_core run in fp16 (07's ablation steps in bf16
+  // only); the rest are named once on stderr.
   const Result r = run_cli({"model", "--dtype", "fp16", "--N", "256", "--format", "csv"});
   REQUIRE(r.code == 0);
   CHECK(count_lines(r.err) == 1);
   CHECK(r.err.find("--dtype fp16: skipping 01_naive, 04_fa2_q_outer") != std::string::npos);
-  CHECK(count_lines(r.out) == 3);
+  CHECK(r.err.find("07_step1_plain_mma") != std::string::npos);
+  CHECK(count_lines(r.out) == 4);
   CHECK(r.out.find("02_safe_softmax,fp16,") != std::string::npos);
   CHECK(r.out.find("03_fa1_kv_outer,fp16,") != std::string::npos);
+  CHECK(r.out.find("07_tensor_core,fp16,") != std::string::npos);
 
   // No selected stage runs in the type: one line naming those that do, exit 2.
   const Result none = run_cli({"model", "--dtype", "bf16", "--stage", "04,05"});
   CHECK(none.code == 2);
   CHECK(count_lines(none.err) == 1);
   CHECK(none.err.find("--dtype bf16: no selected stage runs in bf16 (these do: "
-                      "02_safe_softmax, 03_fa1_kv_outer)") != std::string::npos);
+                      "02_safe_softmax, 03_fa1_kv_outer, 07_step1_plain_mma") != std::string::npos);
   CHECK(none.out.empty());
 
   // The backwards run in fp32 only: --backward in 16 bits is a clear error.

@@ -188,7 +188,7 @@ TEST_CASE("forward check: a check that compared nothing is not a pass, in any ty
   }
 }
 
-TEST_CASE("forward check: fp32 keeps kFp32Tolerance; a truth of another type is refused") {
+TEST_CASE("forward check: fp32 keeps kFp32Tolerance, a truth of another type is refused") {
   const Problem p = flashstep::test::make_problem(2, 2, 33, 47, 24, true);
   const Inputs in = flashstep::random_inputs(p, 19);
   const ForwardTruth truth = forward_truth(p, in);
@@ -205,7 +205,7 @@ TEST_CASE("forward check: fp32 keeps kFp32Tolerance; a truth of another type is 
                        flashstep::Error);
 }
 
-TEST_CASE("forward_truth rounds the inputs to the type; the fp32 truth uses them as given") {
+TEST_CASE("forward_truth rounds the inputs to the type, the fp32 truth uses them as given") {
   const Problem p = typed(flashstep::test::make_problem(1, 2, 9, 11, 16, false), DType::kFp16);
   const Inputs in = flashstep::random_inputs(p, 23);
   const Inputs r = rounded(p, in);

@@ -54,7 +54,7 @@ TEST_CASE("npy: the header is what NumPy writes") {
   CHECK((content.size() - 3 * 4) % 64 == 0);  // data starts 64-byte aligned
 }
 
-TEST_CASE("npy: float16 ('<f2') is read and widened exactly; its size counts 2-byte elements") {
+TEST_CASE("npy: float16 ('<f2') is read and widened exactly, its size counts 2-byte elements") {
   // 1, -2, 65504 (fp16's largest), 2^-24 (its smallest subnormal), -0, +inf.
   const std::vector<std::uint16_t> bits = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x8000, 0x7C00};
   const std::string data(reinterpret_cast<const char*>(bits.data()), bits.size() * 2);

@@ -97,7 +97,7 @@ TEST_CASE("float4-sized access needs 16-byte rows: d % 4 == 0 in fp32, d % 8 == 
   CHECK(flashstep::float4_ok(p, t));
 }
 
-TEST_CASE("stages declare their element types, native first; asking for another is one clear error") {
+TEST_CASE("stages declare their element types, native first, and asking for another is one clear error") {
   using flashstep::DType;
   for (const flashstep::Stage& s : flashstep::all_stages()) {
     CAPTURE(s.name);
