@@ -181,8 +181,8 @@ def compare(got, want, atol, rtol):
     """(max abs error, elements outside |got - want| <= atol + rtol |want|, index of
     the worst element or None). Infinite reference values must match exactly;
     NaN in got is always outside."""
-    got = got.double()
-    want = want.to(got.device)
+    got = got.detach().double()
+    want = want.detach().to(got.device)
     inf = torch.isinf(want)
     err = torch.where(inf, torch.zeros_like(want), (got - want).abs())
     bad = (inf & (got != want)) | (~inf & ~(err <= atol + rtol * want.abs()))
