@@ -388,6 +388,7 @@ __device__ void attend_kv_block(const Params& p, std::int64_t bh, int j, float* 
     // Lines 11 and 14, scale folded into dS. Masked scores, padding rows
     // and padding keys get P = 0 and so dS = 0 (a row that sees no key at
     // all has L = -inf, and is masked everywhere).
+    // BEGIN ASSIGNMENT(backward): lines 11 and 14 for the thread's scores S[t][u], dP[t][u] (row r = g.row + 16 t, key c = g.col + 16 u): P_rc = exp2f(S scale_log2 - L_log2[r]) where c < visible_in_block(p, row0 + r, key0) and r < rows, else 0; dS_rc = P_rc (dP - Di[r]) scale (Di only for r < rows); store P_rc to P[r][c], dS_rc to dS[r][c] and dST[c][r] (strides kScoreStride, kScoreTStride)
 #pragma unroll
     for (int t = 0; t < Lay::kSTM; ++t) {
       const int r = g.row + Lay::kScoreGroups * t;
@@ -402,6 +403,7 @@ __device__ void attend_kv_block(const Params& p, std::int64_t bh, int j, float* 
         dST[c * Lay::kScoreTStride + r] = dS_rc;
       }
     }
+    // END ASSIGNMENT
     __syncthreads();  // P_ij, dS_ij and dS_ij^T complete
 
     // Lines 12 and 16.

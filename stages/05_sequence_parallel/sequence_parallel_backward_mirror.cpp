@@ -71,6 +71,7 @@ void attend_kv_block(const Problem& p, const HostBackwardTensors& t, const std::
     P = {R, C, std::vector<float>(static_cast<size_t>(R * C))};
     dS = P;
     dST = {C, R, std::vector<float>(static_cast<size_t>(C * R))};
+    // BEGIN ASSIGNMENT(backward): lines 10-11 and 13-14 for each row r < R and key c < C, every FLOP through chip: L_i in log2 units (chip.mul by log2e), S = chip.dot(Qi, r, Kj, c, d), dP = chip.dot(dOi, r, Vj, c, d), P_rc = chip.exp2(S scale_log2 - L_log2) where c < visible (visible = p.visible_keys(row0 + r) - key0), else 0; dS_rc = P_rc (dP - D_r) scale; chip.write P_rc to P, dS_rc to dS and to dST (transposed)
     for (std::int64_t r = 0; r < R; ++r) {
       const float L_log2 = chip.mul(chip.read(Li, r, 0), log2e);
       const float D_r = chip.read(Di, r, 0);
@@ -87,13 +88,16 @@ void attend_kv_block(const Problem& p, const HostBackwardTensors& t, const std::
         chip.write(dST, c, r, dS_rc);
       }
     }
+    // END ASSIGNMENT
     // Lines 12 and 16: query rows in order, as the kernel sums them.
+    // BEGIN ASSIGNMENT(backward): lines 12 and 16, query rows r in order, keys c inside: dV_j[c] += P[r][c] dOi[r] and dK_j[c] += dS[r][c] Qi[r], each a chip.axpy into &dV_j[c * d] and &dK_j[c * d]
     for (std::int64_t r = 0; r < R; ++r) {
       for (std::int64_t c = 0; c < C; ++c) {
         chip.axpy(P, r, c, dOi, r, d, &dV_j[static_cast<size_t>(c * d)]);
         chip.axpy(dS, r, c, Qi, r, d, &dK_j[static_cast<size_t>(c * d)]);
       }
     }
+    // END ASSIGNMENT
     // Line 15: dQ_i += dS_ij Kj, summed on chip over the block's keys, then
     // one atomic add per element.
     for (std::int64_t r = 0; r < R; ++r) {

@@ -9,7 +9,9 @@ README.md (<!-- results:forward:begin/end -->, <!-- results:traffic:begin/end --
 and in each stages/NN_slug/README.md (<!-- results:begin/end -->). The
 backward's CSVs (backward.py: backward.csv, backward_memory.csv,
 backward_determinism.csv; traffic.py --backward: backward_traffic.csv) fill
-<!-- results:backward:begin/end --> wherever it appears. The fp32
+<!-- results:backward:begin/end --> wherever it appears; the course track's
+docs/results/course.csv (course_bench.py) fills <!-- results:course:begin/end -->
+in docs/assignments/07_pytorch_triton.md (course_tables.py). The fp32
 peers become extra rows of the forward tables.
 
 Stage 07 (tensor cores, 16 bits) has CSVs of its own: forward16.csv (sweep.py
@@ -787,6 +789,10 @@ def main():
         # (stage 06 does: its target is the fp32 peer).
         edits[path] = [("results", "\n".join(parts) + ("\n" if parts else "")),
                        ("results:forward", body_fwd), ("results:backward", body_backward)]
+
+    # The course track's benchmark (course_bench.py) in its assignment page.
+    from course_tables import course_edits
+    edits.update(course_edits(ROOT, read))
 
     stale = []
     for path, subs in edits.items():

@@ -7,8 +7,12 @@
 paste: starter.py 04 --solution (the project's stage, renamed, core pasted
 back) must pass its student CPU test; then each planted bug (a missing rescale,
 an off-by-one in the causal mask, an unwritten tail) must make the grader fail
-with a readable report. One scratch build, only the targets needed.
-starters: every assignment's starter (02 .. 06, cores cut) builds.
+with a readable report. The same for the backward assignment: starter.py 05
+--part backward --solution must pass flashstep_grade --backward on the CPU
+(its backward mirror), and each planted backward bug (the mask, the scale of
+dS, D left out) must fail it naming the gradient. One scratch build, only the
+targets needed.
+starters: every assignment's starter (02 .. 06, cores cut; 05's backward too) builds.
 """
 import argparse
 import pathlib
@@ -36,6 +40,24 @@ BUGS = [
      "were never written"),
 ]
 STARTERS = ["02", "03", "04", "05", "06"]
+# The backward assignment: stage 05's backward, cut by --part backward.
+STUDENT_BW = "99_ci_bw"
+REFERENCE_BW = "05_sequence_parallel"
+MIRROR_BW = "sequence_parallel_backward_mirror.cpp"
+BUGS_BW = [
+    ("backward: off-by-one causal mask", MIRROR_BW,
+     "const float P_rc = c < visible ? e : 0.0f;",
+     "const float P_rc = c <= visible ? e : 0.0f;",
+     "only causal cases fail"),
+    ("backward: dS scaled in log2 units", MIRROR_BW,
+     "const float dS_rc = chip.mul(chip.mul(P_rc, chip.sub(dP, D_r)), scale);",
+     "const float dS_rc = chip.mul(chip.mul(P_rc, chip.sub(dP, D_r)), scale_log2);",
+     "P is right (dV is) but dS is not"),
+    ("backward: dV from dS", MIRROR_BW,
+     "chip.axpy(P, r, c, dOi, r, d, &dV_j[static_cast<size_t>(c * d)]);",
+     "chip.axpy(dS, r, c, dOi, r, d, &dV_j[static_cast<size_t>(c * d)]);",
+     "dV differs from the fp64 gradient"),
+]
 
 
 def run(cmd, **kw):
@@ -59,10 +81,10 @@ def build(build_dir, *targets):
         sys.exit(f"build of {' '.join(targets)} failed")
 
 
-def grade(build_dir, work, tag):
+def grade(build_dir, work, tag, stage=STUDENT, backward=False):
     report = work / f"report_{tag}.json"
-    r = run([build_dir / "tests" / "flashstep_grade", f"--stage={STUDENT}", "--mode=cpu",
-             f"--json={report}"], capture_output=True)
+    r = run([build_dir / "tests" / "flashstep_grade", f"--stage={stage}", "--mode=cpu",
+             f"--json={report}"] + (["--backward"] if backward else []), capture_output=True)
     print(r.stdout[-6000:], r.stderr, sep="")
     return r.returncode, r.stdout, report
 
@@ -72,8 +94,12 @@ def paste(a, work):
     student = src / STUDENT
     if run([sys.executable, HERE / "starter.py", REFERENCE, student, "--solution", "--force"]).returncode:
         sys.exit("starter.py failed")
+    student_bw = src / STUDENT_BW
+    if run([sys.executable, HERE / "starter.py", REFERENCE_BW, student_bw, "--part", "backward",
+            "--solution", "--force"]).returncode:
+        sys.exit("starter.py --part backward failed")
     b = work / "build-paste"
-    configure(a, b, [student], REFERENCE)
+    configure(a, b, [student, student_bw], REFERENCE)
     build(b, "flashstep_grade")
     failures = []
     rc, out, report = grade(b, work, "pasted")
@@ -102,6 +128,36 @@ def paste(a, work):
                 print(f"course: planted bug '{name}' caught: report says '{expect}'")
     finally:
         mirror.write_text(good)
+    failures += paste_backward(b, work, student_bw)
+    return failures
+
+
+def paste_backward(b, work, student_bw):
+    """The backward assignment: the pasted core passes, each planted bug is named."""
+    failures = []
+    rc, out, report = grade(b, work, "pasted_backward", STUDENT_BW, backward=True)
+    if rc != 0 or "verdict: PASS" not in out or not report.exists():
+        failures.append(f"the pasted backward core should pass flashstep_grade --backward (exit {rc})")
+    mirror = student_bw / MIRROR_BW
+    good = mirror.read_text()
+    try:
+        for name, _, old, new, expect in BUGS_BW:
+            if good.count(old) != 1:
+                failures.append(f"bug '{name}': the reference text is gone from {MIRROR_BW}; update BUGS_BW")
+                continue
+            mirror.write_text(good.replace(old, new))
+            build(b, "flashstep_grade")
+            rc, out, _ = grade(b, work, name.replace(" ", "_").replace(":", ""), STUDENT_BW,
+                               backward=True)
+            if rc != 1 or "verdict: FAIL" not in out:
+                failures.append(f"bug '{name}': the grader did not fail (exit {rc})")
+            elif expect not in out:
+                failures.append(f"bug '{name}': the report does not say '{expect}'")
+            else:
+                print(f"course: planted bug '{name}' caught: report says '{expect}'")
+    finally:
+        mirror.write_text(good)
+        build(b, "flashstep_grade")
     return failures
 
 
@@ -113,6 +169,10 @@ def starters(a, work):
         if run([sys.executable, HERE / "starter.py", ref, out, "--force"]).returncode:
             sys.exit(f"starter.py {ref} failed")
         folders.append(out)
+    out = src / "98_starter_05_backward"
+    if run([sys.executable, HERE / "starter.py", "05", out, "--part", "backward", "--force"]).returncode:
+        sys.exit("starter.py 05 --part backward failed")
+    folders.append(out)
     b = work / "build-starters"
     # Only the starters' own libraries: they must compile; they are not linked
     # into a registry here (their tests would fail: the cores are missing).

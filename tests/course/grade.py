@@ -2,7 +2,7 @@
 """Grades a student's stage: one command, a printed report and a JSON one.
 
     tests/course/grade.py --stage 99_yours [--build build] [--reference 04]
-                          [--mode cpu|gpu|all] [--json build/grade_99_yours.json]
+                          [--mode cpu|gpu|all] [--backward] [--json build/grade_99_yours.json]
 
 Configures BUILD with -DFLASHSTEP_EXTRA_STAGES=stages/<stage> when the stage is
 not registered there yet, builds flashstep_grade (and test_gpu), and runs it:
@@ -10,6 +10,8 @@ the CPU mirror (where the stage has one) and, on a GPU, the kernel on the
 shared ragged shapes, causal and not, pass/fail with the worst error and what
 contract was broken; the model's HBM traffic and FLOPs and whether the
 mirror's counts match it; on a GPU, the time beside the reference stage.
+With --backward the same for the stage's backward pass (assignment 6):
+dQ, dK, dV of its backward mirror and kernel against the fp64 gradients.
 Exit status: flashstep_grade's (0 pass, 1 fail, 77 nothing graded).
 """
 import argparse
@@ -28,6 +30,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--reference", default="", help="stage to time against, e.g. 04")
     ap.add_argument("--mode", default="all", choices=["cpu", "gpu", "all"])
+    ap.add_argument("--backward", action="store_true",
+                    help="grade the stage's backward pass (mirror and kernel) instead")
     ap.add_argument("--json", help="JSON report path (default BUILD/grade_<stage>.json)")
     a = ap.parse_args()
     build = pathlib.Path(a.build)
@@ -56,6 +60,8 @@ def main():
            f"--json={report}"]
     if a.reference:
         cmd.append(f"--reference={a.reference}")
+    if a.backward:
+        cmd.append("--backward")
     return subprocess.run(cmd).returncode
 
 

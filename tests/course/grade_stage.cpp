@@ -3,12 +3,17 @@
 // the contract it breaks.
 //
 //   flashstep_grade --stage=99_yours [--mode=cpu|gpu|all] [--reference=04]
-//                   [--json=report.json] [--iters=20]
+//                   [--backward] [--json=report.json] [--iters=20]
 //
 //   cpu  the stage's CPU mirror on the shared ragged grid (tests/shapes.h),
 //        causal and not, against the fp64 reference; its counts against its model
 //   gpu  the kernel on the same grid (outputs poisoned first), and its time
 //        beside the reference stage's on the default problem
+//
+// With --backward the same for the stage's backward pass: its backward mirror
+// and backward kernel, from the fp64 forward's O and L and a random dO, give
+// dQ, dK, dV checked against the fp64 gradients (kFp32GradTolerance); each
+// failure names the gradient, the rows and the likely cause.
 //
 // Exit: 0 every graded check passed; 1 something failed; 2 bad usage;
 // 77 nothing could be graded (--mode=gpu without a GPU, --mode=cpu without a mirror).
@@ -80,6 +85,8 @@ struct Case {
   bool causal = false;
   bool pass = true;
   double o_err = 0, l_err = NAN;  // worst abs error
+  bool backward = false;          // a backward case: the three below, not O and L
+  double dq_err = NAN, dk_err = NAN, dv_err = NAN;
   std::vector<std::string> problems;  // what broke, in words
   std::vector<std::string> count_mismatches;  // "hbm_read_bytes: counted X, model Y"
 };
@@ -194,11 +201,137 @@ void compare_counts(const Cost& counted, const Cost& model, Case& c) {
   }
 }
 
+// (b, h, i) of element e of a [B, H, N, d] gradient with N rows per head.
+std::string grad_where(const Problem& p, const char* name, std::int64_t e, std::int64_t rows) {
+  const std::int64_t i = (e / p.d) % rows, h = (e / p.d / rows) % p.H, b = e / p.d / rows / p.H;
+  std::ostringstream s;
+  s << name << "[" << b << "," << h << "," << i << "," << e % p.d << "]";
+  return s.str();
+}
+
+// "rows 96..111 of head (0,1)": the first head with a bad element, and the run
+// of rows from its first to its last bad row.
+std::string bad_rows(const Problem& p, const std::vector<float>& got, const std::vector<double>& want,
+                     std::int64_t rows) {
+  const double atol = kFp32GradTolerance.atol, rtol = kFp32GradTolerance.rtol;
+  std::int64_t head = -1, first = -1, last = -1;
+  for (std::int64_t e = 0; e < static_cast<std::int64_t>(got.size()); ++e) {
+    const double w = want[static_cast<size_t>(e)];
+    const double err = std::fabs(got[static_cast<size_t>(e)] - w);
+    if (err <= atol + rtol * std::fabs(w)) continue;
+    const std::int64_t bh = e / p.d / rows, i = (e / p.d) % rows;
+    if (head < 0) head = bh;
+    if (bh != head) continue;
+    if (first < 0) first = i;
+    last = i;
+  }
+  if (head < 0) return "";
+  std::ostringstream s;
+  s << "rows " << first << ".." << last << " (of " << rows << ") of head (" << head / p.H << ","
+    << head % p.H << ")";
+  return s.str();
+}
+
+// Checks one backward run's gradients against the fp64 ones: unwritten
+// elements, NaN, rows that see no key (dQ = 0), the bound; then what the
+// pattern of wrong gradients points at.
+Case check_gradients(const Problem& p, const std::vector<float>& dQ, const std::vector<float>& dK,
+                     const std::vector<float>& dV, const ReferenceGradients& ref) {
+  Case c;
+  c.problem = p.describe();
+  c.causal = p.causal;
+  c.backward = true;
+  auto fail = [&](const std::string& why) {
+    c.pass = false;
+    if (c.problems.size() < 8) c.problems.push_back(why);
+  };
+  const struct {
+    const char* name;
+    const std::vector<float>& got;
+    const std::vector<double>& want;
+    std::int64_t rows;
+    double* err;
+  } grads[] = {{"dQ", dQ, ref.dQ, p.Nq, &c.dq_err}, {"dK", dK, ref.dK, p.Nk, &c.dk_err},
+               {"dV", dV, ref.dV, p.Nk, &c.dv_err}};
+  bool wrong[3] = {false, false, false};
+  for (int g = 0; g < 3; ++g) {
+    const auto& x = grads[g];
+    std::int64_t unwritten = 0, nans = 0, first_unwritten = -1, first_nan = -1;
+    for (std::int64_t e = 0; e < static_cast<std::int64_t>(x.got.size()); ++e) {
+      if (is_poison(x.got[static_cast<size_t>(e)])) {
+        if (unwritten++ == 0) first_unwritten = e;
+      } else if (std::isnan(x.got[static_cast<size_t>(e)])) {
+        if (nans++ == 0) first_nan = e;
+      }
+    }
+    if (unwritten) {
+      fail(std::to_string(unwritten) + " of " + std::to_string(x.got.size()) + " elements of " +
+           x.name + " were never written (still the poison), first " +
+           grad_where(p, x.name, first_unwritten, x.rows) +
+           ": every K/V block must store its dK_j, dV_j (look at the ragged last block), and dQ "
+           "must be zeroed before the atomics add into it");
+    }
+    if (nans) {
+      fail(std::to_string(nans) + " elements of " + x.name + " are NaN, first " +
+           grad_where(p, x.name, first_nan, x.rows) +
+           ": P = exp(S - L) in a row with L = -inf (a row that sees no key) gives exp(+inf - inf); "
+           "such a row must get P = 0");
+    }
+    const Comparison cmp = compare(x.got.data(), x.want, kFp32GradTolerance);
+    *x.err = cmp.max_abs_error;
+    if (!cmp.ok() && !unwritten && !nans) {
+      wrong[g] = true;
+      fail(std::string(x.name) + " differs from the fp64 gradient in " +
+           bad_rows(p, x.got, x.want, x.rows) + ": " + cmp.summary());
+    }
+  }
+  // Rows that see no key (causal, Nq > Nk) have P = 0: their dQ is exactly 0.
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+      bool bad = false;
+      for (std::int64_t k = 0; k < p.d; ++k) bad = bad || dQ[static_cast<size_t>((bh * p.Nq + i) * p.d + k)] != 0.0f;
+      if (bad) {
+        fail("dQ is not 0 in " + grad_where(p, "dQ", (bh * p.Nq + i) * p.d, p.Nq) +
+             "'s row, which sees no key: its P is 0, so is its gradient");
+        bh = p.heads();
+        break;
+      }
+    }
+  }
+  if (wrong[0] || wrong[1] || wrong[2]) {
+    std::string why;
+    if (wrong[2] && !wrong[0] && !wrong[1]) {
+      why = "only dV: dV_j += P_ij^T dO_i over every Q block i that sees block j, with P (not dS)";
+    } else if (wrong[2]) {
+      why = "dV is wrong too, so P itself is: P_ij = exp(scale S_ij - L_i) recomputed with the "
+            "forward's L (natural log; the kernel's log2 units: S scale log2e - L log2e), and "
+            "the mask (query i sees key j iff j < visible_keys(i))";
+    } else if (wrong[0] && wrong[1]) {
+      why = "P is right (dV is) but dS is not: dS = P o (dP - D) with dP = dO V^T and "
+            "D = rowsum(dO o O), and the scale folded into dS once";
+    } else if (wrong[0]) {
+      why = "only dQ: dQ_i += dS_ij K_j for every K/V block j the row sees (the atomics), dQ "
+            "zeroed first";
+    } else {
+      why = "only dK: dK_j += dS_ij^T Q_i over every Q block i that sees block j (causal: from "
+            "the first such block on)";
+    }
+    fail("likely cause: " + why);
+  }
+  return c;
+}
+
 std::string case_json(const Case& c) {
   std::ostringstream s;
   s << "{\"problem\": " << json_escape(c.problem) << ", \"causal\": " << (c.causal ? "true" : "false")
-    << ", \"pass\": " << (c.pass ? "true" : "false") << ", \"max_abs_error_O\": " << num(c.o_err)
-    << ", \"max_abs_error_L\": " << num(c.l_err) << ", \"problems\": [";
+    << ", \"pass\": " << (c.pass ? "true" : "false");
+  if (c.backward) {
+    s << ", \"max_abs_error_dQ\": " << num(c.dq_err) << ", \"max_abs_error_dK\": " << num(c.dk_err)
+      << ", \"max_abs_error_dV\": " << num(c.dv_err);
+  } else {
+    s << ", \"max_abs_error_O\": " << num(c.o_err) << ", \"max_abs_error_L\": " << num(c.l_err);
+  }
+  s << ", \"problems\": [";
   for (size_t k = 0; k < c.problems.size(); ++k) s << (k ? ", " : "") << json_escape(c.problems[k]);
   s << "], \"count_mismatches\": [";
   for (size_t k = 0; k < c.count_mismatches.size(); ++k) {
@@ -232,8 +365,13 @@ void print_section(const Section& sec, std::ostream& out) {
   out << "  " << sec.name << ": " << passed << " of " << sec.cases.size() << " cases pass\n";
   for (const Case& c : sec.cases) {
     char line[256];
-    std::snprintf(line, sizeof line, "    %-4s %-52s O err %-9.2g L err %-9.2g", c.pass ? "ok" : "FAIL",
-                  c.problem.c_str(), c.o_err, c.l_err);
+    if (c.backward) {
+      std::snprintf(line, sizeof line, "    %-4s %-52s dQ err %-9.2g dK err %-9.2g dV err %-9.2g",
+                    c.pass ? "ok" : "FAIL", c.problem.c_str(), c.dq_err, c.dk_err, c.dv_err);
+    } else {
+      std::snprintf(line, sizeof line, "    %-4s %-52s O err %-9.2g L err %-9.2g",
+                    c.pass ? "ok" : "FAIL", c.problem.c_str(), c.o_err, c.l_err);
+    }
     out << line << "\n";
     for (const std::string& why : c.problems) out << "         - " << why << "\n";
   }
@@ -243,6 +381,53 @@ void print_section(const Section& sec, std::ostream& out) {
   if (fail_causal && !fail_plain) {
     out << "  hint: only causal cases fail: check the mask (query i sees key j iff "
            "j <= i + Nk - Nq, i.e. j < visible_keys(i)) and the blocks you skip\n";
+  }
+}
+
+// One problem of --backward: the backward mirror (cpu) and kernel (gpu) from the
+// fp64 forward's O and L (rounded to fp32, as the stage's forward gives them)
+// and a random dO, against the fp64 gradients.
+void grade_backward_case(const Stage& s, const Problem& p, const Inputs& in,
+                         const ReferenceResult& fwd, std::uint64_t seed, bool cpu, bool gpu,
+                         Section& mirror, Section& kernel) {
+  const std::vector<float> dO = random_output_grad(p, seed);
+  const ReferenceGradients ref = reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+  auto failed = [&](const std::string& why) {
+    Case c;
+    c.problem = p.describe();
+    c.causal = p.causal;
+    c.backward = true;
+    c.pass = false;
+    c.problems.push_back(why);
+    return c;
+  };
+  if (cpu && s.backward_mirror) {
+    mirror.graded = true;
+    const std::vector<float> O(fwd.O.begin(), fwd.O.end()), L(fwd.L.begin(), fwd.L.end());
+    std::vector<float> dQ, dK, dV;
+    poison(dQ, p.q_elems());
+    poison(dK, p.kv_elems());
+    poison(dV, p.kv_elems());
+    try {
+      const Cost counted = s.backward_mirror(p, {in.Q.data(), in.K.data(), in.V.data(), O.data(),
+                                                 L.data(), dO.data(), dQ.data(), dK.data(), dV.data()});
+      Case c = check_gradients(p, dQ, dK, dV, ref);
+      compare_counts(counted, s.backward_model(p), c);
+      mirror.cases.push_back(c);
+    } catch (const std::exception& e) {
+      mirror.cases.push_back(failed(std::string("the backward mirror threw: ") + e.what()));
+    }
+  }
+  if (gpu) {
+    kernel.graded = true;
+    try {
+      DeviceRun run(s, p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+      std::vector<float> dQ, dK, dV;
+      run.run_backward(dQ, dK, dV);
+      kernel.cases.push_back(check_gradients(p, dQ, dK, dV, ref));
+    } catch (const std::exception& e) {
+      kernel.cases.push_back(failed(std::string("the backward kernel failed to run: ") + e.what()));
+    }
   }
 }
 
@@ -260,6 +445,7 @@ Problem default_problem() {
 int main(int argc, char** argv) {
   std::string selector, mode = "all", reference, json_path;
   int iters = 20;
+  bool backward = false;
   for (int k = 1; k < argc; ++k) {
     const std::string a = argv[k];
     auto val = [&](const char* flag) -> const char* {
@@ -271,6 +457,7 @@ int main(int argc, char** argv) {
     else if (const char* v3 = val("--reference=")) reference = v3;
     else if (const char* v4 = val("--json=")) json_path = v4;
     else if (const char* v5 = val("--iters=")) iters = std::atoi(v5);
+    else if (a == "--backward") backward = true;
     else {
       std::cerr << "flashstep_grade: unknown argument '" << a
                 << "'\nusage: flashstep_grade --stage=S [--mode=cpu|gpu|all] [--reference=S] "
@@ -291,6 +478,15 @@ int main(int argc, char** argv) {
               << "\n(is the stage's folder in -DFLASHSTEP_EXTRA_STAGES?)\n";
     return kExitUsage;
   }
+  if (backward) {
+    for (const Stage* st : stages) {
+      if (!st->backward) {
+        std::cout << "flashstep_grade: stage " << st->name
+                  << " has no backward pass: nothing for --backward to grade\n";
+        return kExitSkip;
+      }
+    }
+  }
   std::string why_no_gpu;
   const bool gpu = mode != "cpu" && cuda_device_available(&why_no_gpu);
   const std::vector<Problem> grid = test::ragged_problems();
@@ -305,13 +501,20 @@ int main(int argc, char** argv) {
     mirror.name = "mirror (CPU)";
     kernel.name = "kernel (GPU)";
     if (mode == "gpu") mirror.skipped_why = "--mode=gpu";
-    else if (!s.mirror) mirror.skipped_why = "the stage registers no CPU mirror";
+    else if (!(backward ? s.backward_mirror != nullptr : s.mirror != nullptr)) {
+      mirror.skipped_why = backward ? "the stage registers no CPU mirror of its backward"
+                                    : "the stage registers no CPU mirror";
+    }
     if (mode == "cpu") kernel.skipped_why = "--mode=cpu";
     else if (!gpu) kernel.skipped_why = "no GPU: " + why_no_gpu;
     std::uint64_t seed = 1;
     for (const Problem& p : grid) {
       const Inputs in = random_inputs(p, seed++);
       const ReferenceResult ref = reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
+      if (backward) {
+        grade_backward_case(s, p, in, ref, seed++, mode != "gpu", gpu, mirror, kernel);
+        continue;
+      }
       if (mode != "gpu" && s.mirror) {
         mirror.graded = true;
         std::vector<float> O, L;
@@ -352,8 +555,8 @@ int main(int argc, char** argv) {
 
     // The model on the default problem, and time on a GPU beside the reference.
     const Problem dp = default_problem();
-    const Cost m = s.model(dp);
-    std::cout << "  model on " << dp.describe() << ": HBM " << m.hbm_bytes() << " bytes (read "
+    const Cost m = backward ? s.backward_model(dp) : s.model(dp);
+    std::cout << "  " << (backward ? "backward " : "") << "model on " << dp.describe() << ": HBM " << m.hbm_bytes() << " bytes (read "
               << m.hbm_read_bytes << ", write " << m.hbm_write_bytes << "), matmul FLOPs "
               << m.matmul_flops << ", other FLOPs " << m.nonmatmul_flops << ", thread blocks "
               << m.thread_blocks << "\n";
@@ -367,17 +570,24 @@ int main(int argc, char** argv) {
       std::vector<const Stage*> timed = {&s};
       timed.insert(timed.end(), refs.begin(), refs.end());
       const Inputs in = random_inputs(dp, 0);
+      const std::vector<float> dO = random_output_grad(dp, 1);
       for (size_t k = 0; k < timed.size(); ++k) {
         try {
-          DeviceRun run(*timed[k], dp, in.Q.data(), in.K.data(), in.V.data());
-          const Timing t = run.time(3, iters);
-          const double tflops = dp.forward_flops() / (t.median_ms / 1e3) / 1e12;
+          if (backward && !timed[k]->backward) throw Error("it has no backward pass");
+          DeviceRun run(*timed[k], dp, in.Q.data(), in.K.data(), in.V.data(),
+                        backward ? dO.data() : nullptr);
+          const Timing t = backward ? run.time_backward(3, iters) : run.time(3, iters);
+          // The backward's FLOPs: 2.5 times the forward's (FlashAttention-2's convention).
+          const double flops = (backward ? 2.5 : 1.0) * dp.forward_flops();
+          const double tflops = flops / (t.median_ms / 1e3) / 1e12;
           std::cout << "  time " << timed[k]->name << ": median " << t.median_ms << " ms, "
-                    << tflops << " TFLOP/s, HBM (model) " << timed[k]->model(dp).hbm_bytes()
-                    << " bytes\n";
+                    << tflops << " TFLOP/s, HBM (model) "
+                    << (backward ? timed[k]->backward_model(dp) : timed[k]->model(dp)).hbm_bytes()
+                    << " bytes" << (backward ? " (backward)" : "") << "\n";
           timing << (k ? ", " : "") << "{\"stage\": " << json_escape(std::string(timed[k]->name))
                  << ", \"median_ms\": " << num(t.median_ms) << ", \"tflops\": " << num(tflops)
-                 << ", \"hbm_bytes_model\": " << timed[k]->model(dp).hbm_bytes() << "}";
+                 << ", \"hbm_bytes_model\": "
+                 << (backward ? timed[k]->backward_model(dp) : timed[k]->model(dp)).hbm_bytes() << "}";
         } catch (const std::exception& e) {
           std::cout << "  time " << timed[k]->name << ": could not run: " << e.what() << "\n";
         }
@@ -393,7 +603,8 @@ int main(int argc, char** argv) {
     std::cout << "  verdict: " << (mirror.graded || kernel.graded ? (pass ? "PASS" : "FAIL") : "NOT GRADED")
               << "\n";
     json << (si ? ", " : "") << "{\"stage\": " << json_escape(std::string(s.name))
-         << ", \"pass\": " << (pass ? "true" : "false");
+         << ", \"pass\": " << (pass ? "true" : "false")
+         << ", \"part\": " << json_escape(backward ? "backward" : "forward");
     for (const Section* sec : {&mirror, &kernel}) {
       json << ", \"" << (sec == &mirror ? "mirror" : "kernel") << "\": {\"graded\": "
            << (sec->graded ? "true" : "false") << ", \"skipped_why\": " << json_escape(sec->skipped_why)

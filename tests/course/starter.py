@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Starter code for an assignment: a reference stage with its core cut out.
 
-    tests/course/starter.py REF OUTDIR [--solution] [--force]
+    tests/course/starter.py REF OUTDIR [--part forward|backward] [--solution] [--force]
 
 REF is a stage folder or its number (02 .. 06); OUTDIR's folder name (e.g.
 stages/99_yours) becomes the stage's name and registry function
@@ -9,10 +9,13 @@ stages_<folder>(). The folder is a copy of stages/REF with:
 
 - its names renamed: the registry entry and function, the C++ namespace
   (flashstep::course_<folder>), the "stage NN" in messages;
-- every region between `// BEGIN ASSIGNMENT: <hint>` and `// END ASSIGNMENT`
-  in the reference's sources replaced by `// TODO(student): <hint>`. The
-  result compiles (it may warn about variables the core would use) and fails
-  the tests until the core is written;
+- every region of the chosen part between `// BEGIN ASSIGNMENT: <hint>` (or
+  `// BEGIN ASSIGNMENT(backward): <hint>`) and `// END ASSIGNMENT` in the
+  reference's sources replaced by `// TODO(student): <hint>`. The result
+  compiles (it may warn about variables the core would use) and fails the
+  tests until the core is written. --part picks the assignment: forward (the
+  untagged regions, the default) or backward (stage 05's backward pass, its
+  kernel and CPU mirror); the other part's regions stay whole;
 - a README.md saying what to fill in and how to build, test and grade it.
 
 --solution pastes the reference's core back in after cutting it (what CI
@@ -29,7 +32,8 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STAGES = ROOT / "stages"
-BEGIN = re.compile(r"^([ \t]*)// BEGIN ASSIGNMENT: (.*)\n", re.M)
+BEGIN = re.compile(r"^([ \t]*)// BEGIN ASSIGNMENT(?:\((\w+)\))?: (.*)\n", re.M)
+PARTS = ("forward", "backward")  # untagged regions belong to the forward
 END = re.compile(r"^[ \t]*// END ASSIGNMENT\n", re.M)
 SOURCE_SUFFIXES = {".h", ".cuh", ".cu", ".cpp", ".txt"}
 FOLDER_NAME = re.compile(r"^[A-Za-z0-9_]+$")
@@ -46,8 +50,9 @@ def find_reference(ref: str) -> pathlib.Path:
     return hits[0]
 
 
-def regions(text: str):
-    """(start, end, indent, hint, core) of each assignment region, in order."""
+def regions(text: str, part=None):
+    """(start, end, indent, hint, core) of each assignment region of `part` (every
+    part when None), in order."""
     out, pos = [], 0
     while True:
         b = BEGIN.search(text, pos)
@@ -56,19 +61,27 @@ def regions(text: str):
         e = END.search(text, b.end())
         if not e:
             raise SystemExit(f"starter.py: BEGIN ASSIGNMENT without END ASSIGNMENT near: {b.group(0)!r}")
-        out.append((b.start(), e.end(), b.group(1), b.group(2).strip(), text[b.end():e.start()]))
+        tag = b.group(2) or "forward"
+        if tag not in PARTS:
+            raise SystemExit(f"starter.py: unknown part '{tag}' in {b.group(0)!r} (parts: {PARTS})")
+        if part is None or tag == part:
+            out.append((b.start(), e.end(), b.group(1), b.group(3).strip(), text[b.end():e.start()]))
         pos = e.end()
 
 
-def cut(text: str) -> str:
-    for start, end, indent, hint, _ in reversed(regions(text)):
-        text = text[:start] + f"{indent}// TODO(student): {hint}\n" + text[end:]
+def cut(text: str, part: str) -> str:
+    """The regions of `part` cut to TODO lines; the other parts' markers dropped, their code kept."""
+    for start, end, indent, hint, core in reversed(regions(text)):
+        if (start, end, indent, hint, core) in regions(text, part):
+            text = text[:start] + f"{indent}// TODO(student): {hint}\n" + text[end:]
+        else:
+            text = text[:start] + core + text[end:]
     return text
 
 
-def paste(student: str, reference: str) -> str:
+def paste(student: str, reference: str, part: str) -> str:
     """Puts the reference's cores (already renamed) back where the TODOs are."""
-    cores = [core for *_, core in regions(reference)]
+    cores = [core for *_, core in regions(reference, part)]
     todos = list(re.finditer(r"^[ \t]*// TODO\(student\): .*\n", student, re.M))
     if len(todos) != len(cores):
         raise SystemExit(f"starter.py: {len(todos)} TODOs but {len(cores)} reference cores")
@@ -116,8 +129,8 @@ Every `// TODO(student): ...` line below marks code you write:
 ```sh
 cmake -S . -B build -G Ninja -DFLASHSTEP_EXTRA_STAGES={out}
 cmake --build build
-(cd build && ctest -L student --output-on-failure)   # cpu.{folder} and gpu.{folder}
-tests/course/grade.py --stage {folder} --build build --reference {ref}   # report + JSON
+(cd build && ctest -L student --output-on-failure)   # cpu.{folder}, gpu.{folder}, backward.{folder}
+tests/course/grade.py --stage {folder} --build build --reference {ref}{grade_flags}   # report + JSON
 build/stages/cli/flashstep --stage {folder},{number}                     # beside the reference
 ```
 """
@@ -127,6 +140,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ref", help="reference stage: folder name or number (02 .. 06)")
     ap.add_argument("out", help="new stage folder, e.g. stages/99_yours")
+    ap.add_argument("--part", choices=PARTS, default="forward",
+                    help="which assignment's regions to cut (default forward; backward: stage 05)")
     ap.add_argument("--solution", action="store_true", help="paste the reference core back in")
     ap.add_argument("--force", action="store_true", help="replace OUTDIR if it exists")
     a = ap.parse_args()
@@ -151,18 +166,20 @@ def main() -> int:
     todos, n_regions = [], 0
     for p in files:
         original = rename(p.read_text(), ref, folder, namespaces)
-        text = cut(original)
-        n_regions += len(regions(original))
+        text = cut(original, a.part)
+        n_regions += len(regions(original, a.part))
         for m in re.finditer(r"// TODO\(student\): (.*)", text):
             todos.append(f"- `{p.name}`: {m.group(1)}")
         if a.solution:
-            text = paste(text, original)
+            text = paste(text, original, a.part)
         (out / p.name).write_text(text)
     if n_regions == 0:
-        sys.exit(f"starter.py: {ref} has no // BEGIN ASSIGNMENT regions")
+        shutil.rmtree(out)
+        sys.exit(f"starter.py: {ref} has no // BEGIN ASSIGNMENT regions of the {a.part} part")
     display = a.out if not pathlib.Path(a.out).is_absolute() else str(out)
     (out / "README.md").write_text(README.format(
         folder=folder, ref=ref, out=display, number=ref[:2],
+        grade_flags=" --backward" if a.part == "backward" else "",
         todos="\n".join(todos) if not a.solution else "(none: --solution pasted the reference core back in)"))
     print(f"wrote {out}/ from stages/{ref} ({n_regions} region(s) {'kept' if a.solution else 'to fill in'}); "
           f"register it with -DFLASHSTEP_EXTRA_STAGES={display}")
