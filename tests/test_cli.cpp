@@ -111,7 +111,7 @@ TEST_CASE("cli: model mode lists every registered stage, as table, CSV and JSON"
   CHECK(json.out.find("\"HBM read\": ") != std::string::npos);
 }
 
-TEST_CASE("cli: without a GPU, run prints the model and says so; with one, it runs and checks") {
+TEST_CASE("cli: without a GPU, run prints the model and says so, and with one it runs and checks") {
   std::string why;
   if (!flashstep::cuda_device_available(&why)) {
     const auto r = run_cli({"--N", "64"});
