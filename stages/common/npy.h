@@ -15,13 +15,18 @@ struct NpyArray {
   std::vector<float> data;          ///< row-major, product(shape) elements
 };
 
-/// Reads a .npy file holding a little-endian float32 ('<f4') or float16
-/// ('<f2', widened exactly to float32) C-order array. Throws flashstep::Error
-/// naming the file and the problem (missing, not .npy, wrong dtype, Fortran
-/// order, truncated data).
+/// Reads a .npy file (version 1, 2 or 3) holding a little-endian float32
+/// ('<f4') or float16 ('<f2', widened exactly to float32) C-order array.
+/// Throws flashstep::Error, in one line naming the file and the problem, for
+/// anything else: missing, not a regular file (a FIFO would block), not .npy,
+/// a header np.load would refuse or read differently (over its 10000 bytes,
+/// another key, a key twice, a shape entry that is no integer), wrong dtype,
+/// Fortran order, data that does not match the shape.
 NpyArray read_npy(const std::string& path);
 
-/// Writes `data` with `shape` as a version 1.0 .npy file ('<f4', C order).
+/// Writes `data` with `shape` as a version 1.0 .npy file ('<f4', C order),
+/// replacing a regular file at `path`. Throws flashstep::Error when `path` is
+/// something else (a folder, a FIFO), cannot be created, or the write fails.
 void write_npy(const std::string& path, const std::vector<std::int64_t>& shape,
                const float* data);
 
