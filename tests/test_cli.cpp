@@ -1,6 +1,7 @@
 // flashstep's argument handling, error lines and exit codes.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -145,6 +146,26 @@ TEST_CASE("cli: --load takes the problem from the .npy shapes and rejects mismat
   const auto mismatch = run_cli({"model", "--load", dir.string()});
   CHECK(mismatch.code == 2);
   CHECK(mismatch.err.find("K.npy and V.npy shapes differ") != std::string::npos);
+}
+
+TEST_CASE("cli: inputs whose reference is NaN everywhere are reported unchecked, never ok") {
+  const auto dir = std::filesystem::temp_directory_path() / "flashstep_test_nan";
+  std::filesystem::create_directories(dir);
+  const std::vector<float> nan(1 * 2 * 8 * 4, std::nanf(""));
+  for (const char* name : {"Q.npy", "K.npy", "V.npy", "dO.npy"}) {
+    flashstep::write_npy((dir / name).string(), {1, 2, 8, 4}, nan.data());
+  }
+  const auto r = run_cli({"--load", dir.string(), "--backward", "--iters", "0", "--format", "csv"});
+  CHECK(r.code == 0);
+  if (flashstep::cuda_device_available()) {
+    CHECK(r.out.find(",ok,") == std::string::npos);
+    CHECK(r.out.find("02_safe_softmax,fp32,unchecked,") != std::string::npos);
+    CHECK(r.err.find("02_safe_softmax: nothing to compare") != std::string::npos);
+    CHECK(r.err.find("02_safe_softmax backward: dQ: nothing to compare") != std::string::npos);
+  } else {
+    CHECK(r.err.find("no usable CUDA device") != std::string::npos);
+    CHECK(r.out.find("02_safe_softmax,") != std::string::npos);
+  }
 }
 
 TEST_CASE("cli: --backward selects the stages with a backward, and says which have one") {

@@ -131,3 +131,18 @@ TEST_CASE("compare: the bound, infinities and NaN") {
   const float inf[] = {1.0f, 0.0f, 0.0f, 0.0f};  // finite where -inf is wanted
   CHECK(flashstep::compare(inf, want, flashstep::kFp32Tolerance).mismatches == 1);
 }
+
+TEST_CASE("compare: a reference NaN everywhere compares nothing, and that is no pass") {
+  // All-NaN inputs give a NaN reference; so did a scale so large that the
+  // scores overflow. Nothing is compared: the check must not say ok.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> want(4, nan);
+  const float got[] = {NAN, NAN, 1.0f, 0.0f};
+  const auto c = flashstep::compare(got, want, flashstep::kFp32Tolerance);
+  CHECK(c.checked == 0);
+  CHECK(c.skipped == 4);
+  CHECK(c.mismatches == 0);
+  CHECK_FALSE(c.ok());
+  CHECK(c.summary().find("4 not compared: NaN in the reference") != std::string::npos);
+  CHECK_FALSE(flashstep::compare(got, {}, flashstep::kFp32Tolerance).ok());
+}

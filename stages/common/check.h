@@ -56,21 +56,26 @@ inline constexpr Tolerance kFp32GradTolerance{1e-4, 1e-4};
 
 /// Outcome of comparing one output array with the reference.
 struct Comparison {
-  std::int64_t checked = 0;      ///< elements compared (NaN in the reference: skipped)
+  std::int64_t checked = 0;      ///< elements compared
+  std::int64_t skipped = 0;      ///< elements not compared: NaN in the reference
   std::int64_t mismatches = 0;   ///< elements outside the bound (NaN got: always)
   double max_abs_error = 0.0;    ///< over finite pairs
   double max_rel_error = 0.0;    ///< |got - want| / |want| over |want| > atol
   std::int64_t worst_index = -1; ///< element with the largest error / bound ratio
   std::string first_mismatches;  ///< up to a few "index: got X, want Y" lines
 
-  bool ok() const { return mismatches == 0; }
+  /// Every compared element within the bound, and at least one compared: a
+  /// comparison of nothing (a reference NaN everywhere, from NaN or Inf in
+  /// the inputs) is no pass. Callers report checked == 0 as "unchecked".
+  bool ok() const { return checked > 0 && mismatches == 0; }
   /// One line: "max abs 1.2e-07, max rel 3.4e-06, 0 of 4096 outside" plus
-  /// the first mismatches when there are any.
+  /// the elements skipped and the first mismatches when there are any.
   std::string summary() const;
 };
 
 /// Compares got (fp32) with want (fp64). Infinite reference values must be
-/// matched exactly; a NaN reference element marks "not computed" and is skipped.
+/// matched exactly; a NaN reference element (a row the reference did not
+/// compute, or NaN or Inf in the inputs) is skipped and counted as skipped.
 Comparison compare(const float* got, const std::vector<double>& want, Tolerance tol);
 
 /// The low-precision rule, FlashAttention's own (its tests'
