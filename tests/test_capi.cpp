@@ -135,6 +135,16 @@ TEST_CASE("capi: an invalid problem is FLASHSTEP_EINVAL, named as validate names
     CHECK(c.run() == FLASHSTEP_EINVAL);
     CHECK(last_error().rfind("scale must be finite", 0) == 0);
   }
+  SUBCASE("a scale beyond fp32's range, which the kernels would turn into inf") {
+    c.scale = 1e39;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("scale must be finite in fp32", 0) == 0);
+  }
+  SUBCASE("a problem beyond what the models count") {
+    c.Nq = c.Nk = 1 << 30;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("problem too large", 0) == 0);
+  }
   SUBCASE("a number that selects a stage works as a name") {
     c.stage = "5";
     c.d = 257;
@@ -291,6 +301,16 @@ TEST_CASE("capi backward: an invalid problem is FLASHSTEP_EINVAL, named as valid
     c.scale = std::numeric_limits<double>::infinity();
     CHECK(c.run() == FLASHSTEP_EINVAL);
     CHECK(last_error().rfind("scale must be finite", 0) == 0);
+  }
+  SUBCASE("a scale beyond fp32's range, which the kernels would turn into inf") {
+    c.scale = 1e39;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("scale must be finite in fp32", 0) == 0);
+  }
+  SUBCASE("a problem beyond what the models count") {
+    c.Nq = c.Nk = 1 << 30;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().rfind("problem too large", 0) == 0);
   }
 }
 

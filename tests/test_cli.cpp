@@ -75,6 +75,16 @@ TEST_CASE("cli: bad arguments throw one clear message") {
   CHECK_THROWS_WITH_AS(parse_args({"--stage", "99"}), doctest::Contains("unknown stage '99'"), Error);
   CHECK_THROWS_WITH_AS(parse_args({"--iters", "-1"}), doctest::Contains("--iters must be in"), Error);
   CHECK_THROWS_WITH_AS(parse_args({"--causal=yes"}), "--causal takes no value", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--scale", "1e39"}),
+                       doctest::Contains("scale must be finite in fp32"), Error);
+}
+
+TEST_CASE("cli: model refuses a problem its int64 counts would overflow, rather than print negatives") {
+  const auto r = run_cli({"model", "--N", "759250124", "--d", "256"});
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.find("problem too large: B*H*Nq*max(Nk,64)*max(d,64)") != std::string::npos);
+  CHECK(r.out.empty());
 }
 
 TEST_CASE("cli: a usage error prints exactly one line and exits 2") {

@@ -3,12 +3,14 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "common/device.h"
 #include "common/error.h"
 #include "common/problem.h"
 #include "common/stage.h"
+#include "shapes.h"
 
 using flashstep::Error;
 using flashstep::Problem;
@@ -31,6 +33,77 @@ TEST_CASE("validate names the field that breaks the contract") {
   p = Problem{};
   p.Nq = 3'000'000'000;
   CHECK_THROWS_AS(flashstep::validate(p), Error);
+}
+
+TEST_CASE("validate refuses a scale that fp32 cannot hold, as the kernels would get inf") {
+  Problem p;
+  p.scale = 3e38;  // just below FLT_MAX
+  CHECK_NOTHROW(flashstep::validate(p));
+  for (double scale : {1e39, -1e39, 1e300}) {
+    p.scale = scale;
+    CHECK_THROWS_WITH_AS(flashstep::validate(p), doctest::Contains("scale must be finite in fp32"),
+                         Error);
+  }
+}
+
+namespace {
+// Problems at validate's bound B*H*Nq*max(Nk,64)*max(d,64) <= 2^57, each
+// stretched along another axis: square, the longest Nq (thin and wide), the
+// longest Nk, d = 1, the most heads, and the shape where the models count the
+// most per unit of the bound (one query, 65 keys, d = 65).
+std::vector<Problem> largest_accepted_problems() {
+  const std::int64_t kMaxDim = 2147483647;
+  std::vector<Problem> out;
+  auto add = [&](std::int64_t B, std::int64_t H, std::int64_t Nq, std::int64_t Nk, std::int64_t d) {
+    for (bool causal : {false, true}) {
+      out.push_back(flashstep::test::make_problem(B, H, Nq, Nk, d, causal));
+    }
+  };
+  add(2, 1, 1 << 24, 1 << 24, 256);
+  add(1 << 14, 1, kMaxDim, 1, 1);
+  add(64, 64, kMaxDim, 1, 256);
+  add(1 << 9, 1 << 9, 1, kMaxDim, 256);
+  add(1, 1, 1 << 25, 1 << 26, 1);
+  add(kMaxDim, 1 << 14, 1, 1, 1);
+  add(kMaxDim, 15880, 1, 65, 65);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("validate's bound keeps every model's counts in int64: none negative at the largest problems") {
+  // Under the sanitizer build (ctest --preset sanitize) an overflow aborts here.
+  for (const Problem& p : largest_accepted_problems()) {
+    CAPTURE(p.describe());
+    REQUIRE_NOTHROW(flashstep::validate(p));
+    Problem over = p;
+    over.H *= 2;
+    CHECK_THROWS_WITH_AS(flashstep::validate(over), doctest::Contains("problem too large"), Error);
+    for (const flashstep::Stage& s : flashstep::all_stages()) {
+      for (flashstep::DType t : s.dtypes) {
+        CAPTURE(s.name);
+        CAPTURE(flashstep::dtype_name(t));
+        Problem typed = p;
+        typed.dtype = t;
+        const bool backward = s.backward_supports(t);
+        std::vector<flashstep::Cost> costs = {s.model(typed)};
+        if (backward) costs.push_back(s.backward_model(typed));
+        for (const flashstep::Cost& c : costs) {
+          for (std::int64_t field : {c.hbm_read_bytes, c.hbm_write_bytes, c.sram_read_bytes,
+                                     c.sram_write_bytes, c.matmul_flops, c.nonmatmul_flops,
+                                     c.thread_blocks, c.skipped_tiles, c.barriers}) {
+            CHECK(field >= 0);
+          }
+          CHECK(c.hbm_bytes() >= 0);
+          CHECK(c.sram_bytes() >= 0);
+        }
+        // Every forward computes the whole non-causal problem: exactly 4*B*H*Nq*Nk*d.
+        if (!p.causal) CHECK(static_cast<double>(costs[0].matmul_flops) == p.forward_flops());
+        CHECK(flashstep::device_bytes_needed(s, typed) >=
+              2 * (p.q_elems() + p.kv_elems()) * typed.elem_bytes());
+        if (backward) CHECK(flashstep::device_bytes_needed(s, typed, true) > 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("causal mask is aligned bottom-right: key j visible iff j <= i + Nk - Nq") {

@@ -98,10 +98,13 @@ FLASHSTEP_API int flashstep_stage_backward_dtypes(const char* stage);
  *  \param stage   a stage name ("04_fa2_q_outer") or a number ("04", "4") that
  *                 selects exactly one stage
  *  \param B,H     batch and heads (>= 1)
- *  \param Nq,Nk   query and key lengths (>= 1, each < 2^31)
+ *  \param Nq,Nk   query and key lengths (>= 1, each < 2^31;
+ *                 B*H*Nq*max(Nk,64)*max(d,64) <= 2^57)
  *  \param d       head dimension, 1..256
  *  \param causal  non-zero: bottom-right aligned causal mask
- *  \param scale   softmax scale; <= 0 or NaN means 1/sqrt(d); +Inf is an error
+ *  \param scale   softmax scale; <= 0 or NaN means 1/sqrt(d); one above fp32's
+ *                 largest value (FLT_MAX, +Inf too) is an error, since the
+ *                 kernels scale in fp32
  *  \param Q,K,V   device (or managed) pointers, 4-byte aligned:
  *                 Q [B,H,Nq,d], K and V [B,H,Nk,d], contiguous fp32
  *  \param O       device pointer [B,H,Nq,d], written; must not overlap Q, K, V or L

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -12,8 +13,23 @@ namespace flashstep {
 namespace {
 // A grid dimension or loop bound in a kernel is a 32-bit int.
 constexpr std::int64_t kMaxDim = 2147483647;
-// 2^62: products of two sizes stay below int64's 2^63 with room for bytes (x4).
-constexpr double kMaxElems = 4.611686018427388e18 / 8.0;
+// The models' counts grow as B*H*Nq*Nk*d, plus per-row and per-tile terms
+// that dominate below 64 keys or 64 dimensions (a tile's width): so their size
+// is measured by B*H*Nq*max(Nk, 64)*max(d, 64). Per unit of it they count at
+// most ~49 bytes or FLOPs (stage 05's backward shared-memory traffic, read
+// plus write, over a grid of shapes), so below 2^57 every field and every
+// read + write sum stays under int64's 2^63. This also keeps every element
+// count far inside int64. A problem at the bound is some 2^59 FLOPs: hours
+// on the fastest stage.
+constexpr double kPadTo = 64;
+constexpr double kMaxWork = 144115188075855872.0;  // 2^57
+
+// A number as printf's %g writes it, for messages.
+std::string short_number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
 }  // namespace
 
 std::string_view dtype_name(DType t) {
@@ -78,16 +94,19 @@ void validate(const Problem& p) {
                   " (kernels index one dimension with 32 bits), got " + std::to_string(v));
     }
   }
-  // Element counts are 64-bit; keep every product of sizes far from overflow.
-  const double largest = static_cast<double>(p.B) * static_cast<double>(p.H) *
-                         static_cast<double>(std::max(p.Nq, p.Nk)) *
-                         static_cast<double>(std::max({p.Nq, p.Nk, p.d}));
-  if (largest > kMaxElems) {
-    throw Error("problem too large: B*H*N*max(N,d) = " + std::to_string(largest) +
-                " elements exceeds 64-bit indexing headroom");
+  const double work = static_cast<double>(p.B) * static_cast<double>(p.H) *
+                      static_cast<double>(p.Nq) * std::max(static_cast<double>(p.Nk), kPadTo) *
+                      std::max(static_cast<double>(p.d), kPadTo);
+  if (work > kMaxWork) {
+    throw Error("problem too large: B*H*Nq*max(Nk,64)*max(d,64) = " + short_number(work) +
+                " exceeds 2^57 = " + short_number(kMaxWork) +
+                ", the most the 64-bit traffic and FLOP models count");
   }
-  if (p.scale && !std::isfinite(*p.scale)) {
-    throw Error("scale must be finite, got " + std::to_string(*p.scale));
+  // The kernels scale in fp32: a double beyond FLT_MAX would become inf there.
+  if (p.scale && !(std::abs(*p.scale) <= std::numeric_limits<float>::max())) {
+    throw Error("scale must be finite in fp32 (|scale| <= " +
+                short_number(std::numeric_limits<float>::max()) + "), got " +
+                short_number(*p.scale));
   }
 }
 

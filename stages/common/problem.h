@@ -76,7 +76,9 @@ struct Problem {
 };
 
 /// Throws flashstep::Error naming the first field that breaks the contract
-/// (sizes >= 1 and within 32-bit grid limits, d <= kMaxHeadDim, a finite scale).
+/// (sizes >= 1 and within 32-bit grid limits, d <= kMaxHeadDim,
+/// B*H*Nq*max(Nk,64)*max(d,64) <= 2^57 so that the int64 models count it,
+/// a scale finite in fp32).
 void validate(const Problem& p);
 
 }  // namespace flashstep
