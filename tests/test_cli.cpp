@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <streambuf>
 
 #include "cli.h"
 #include "common/device.h"
@@ -32,6 +33,27 @@ int count_lines(const std::string& s) {
   for (char c : s) n += c == '\n';
   return n;
 }
+
+// A fresh, empty folder under the temp directory.
+std::filesystem::path empty_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("flashstep_test_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Q, K, V of shape [2, 3, N, 4] (Nq = 5, Nk = 7) in `dir`.
+void write_inputs(const std::filesystem::path& dir) {
+  const std::vector<float> q(2 * 3 * 5 * 4, 0.5f), kv(2 * 3 * 7 * 4, 0.25f);
+  flashstep::write_npy((dir / "Q.npy").string(), {2, 3, 5, 4}, q.data());
+  flashstep::write_npy((dir / "K.npy").string(), {2, 3, 7, 4}, kv.data());
+  flashstep::write_npy((dir / "V.npy").string(), {2, 3, 7, 4}, kv.data());
+}
+
+// A stream buffer that takes nothing, as a full disk or a closed stdout.
+struct FullBuffer : std::streambuf {
+  int overflow(int) override { return traits_type::eof(); }
+};
 }  // namespace
 
 TEST_CASE("cli: defaults are the embedded problem B=1 H=8 N=1024 d=64") {
@@ -89,7 +111,9 @@ TEST_CASE("cli: model refuses a problem its int64 counts would overflow, rather 
 
 TEST_CASE("cli: a usage error prints exactly one line and exits 2") {
   for (const auto& args : std::vector<std::vector<std::string>>{
-           {"--d", "300"}, {"--frobnicate"}, {"--N", "-5"}, {"--load", "/nonexistent/dir"}}) {
+           {"--d", "300"}, {"--frobnicate"}, {"--N", "-5"}, {"--load", "/nonexistent/dir"},
+           {"--load", ""}, {"--save", ""}, {"model", "--save", "/tmp/x"}, {"--overwrite"}}) {
+    CAPTURE(args);
     const auto r = run_cli(args);
     CHECK(r.code == 2);
     CHECK(count_lines(r.err) == 1);
@@ -138,12 +162,9 @@ TEST_CASE("cli: without a GPU, run prints the model and says so, and with one it
 }
 
 TEST_CASE("cli: --load takes the problem from the .npy shapes and rejects mismatches") {
-  const auto dir = std::filesystem::temp_directory_path() / "flashstep_test_load";
-  std::filesystem::create_directories(dir);
-  const std::vector<float> q(2 * 3 * 5 * 4, 0.5f), kv(2 * 3 * 7 * 4, 0.25f);
-  flashstep::write_npy((dir / "Q.npy").string(), {2, 3, 5, 4}, q.data());
-  flashstep::write_npy((dir / "K.npy").string(), {2, 3, 7, 4}, kv.data());
-  flashstep::write_npy((dir / "V.npy").string(), {2, 3, 7, 4}, kv.data());
+  const auto dir = empty_dir("load");
+  write_inputs(dir);
+  const std::vector<float> kv(2 * 3 * 7 * 4, 0.25f);
   const auto ok = run_cli({"model", "--load", dir.string(), "--format", "csv", "--stage", "01"});
   CHECK(ok.code == 0);
   CHECK(ok.out.find(",2,3,5,7,4,0") != std::string::npos);
@@ -151,6 +172,11 @@ TEST_CASE("cli: --load takes the problem from the .npy shapes and rejects mismat
   const auto contradict = run_cli({"model", "--load", dir.string(), "--d", "8"});
   CHECK(contradict.code == 2);
   CHECK(contradict.err.find("--d 8 contradicts") != std::string::npos);
+  // --N sets Nq and Nk: it must agree with both files, not be dropped.
+  const auto contradict_n = run_cli({"model", "--load", dir.string(), "--N", "999"});
+  CHECK(contradict_n.code == 2);
+  CHECK(contradict_n.err.find("--N 999 contradicts the loaded files' 5") != std::string::npos);
+  CHECK(run_cli({"model", "--load", dir.string(), "--N", "5"}).code == 2);  // Nk is 7
 
   flashstep::write_npy((dir / "V.npy").string(), {2, 3, 6, 4}, kv.data());
   const auto mismatch = run_cli({"model", "--load", dir.string()});
@@ -159,8 +185,7 @@ TEST_CASE("cli: --load takes the problem from the .npy shapes and rejects mismat
 }
 
 TEST_CASE("cli: inputs whose reference is NaN everywhere are reported unchecked, never ok") {
-  const auto dir = std::filesystem::temp_directory_path() / "flashstep_test_nan";
-  std::filesystem::create_directories(dir);
+  const auto dir = empty_dir("nan");
   const std::vector<float> nan(1 * 2 * 8 * 4, std::nanf(""));
   for (const char* name : {"Q.npy", "K.npy", "V.npy", "dO.npy"}) {
     flashstep::write_npy((dir / name).string(), {1, 2, 8, 4}, nan.data());
@@ -175,6 +200,89 @@ TEST_CASE("cli: inputs whose reference is NaN everywhere are reported unchecked,
   } else {
     CHECK(r.err.find("no usable CUDA device") != std::string::npos);
     CHECK(r.out.find("02_safe_softmax,") != std::string::npos);
+  }
+}
+
+TEST_CASE("cli: --save refuses, before any work, a path it cannot fill or files it would replace") {
+  const auto dir = empty_dir("save");
+  const std::string target = (dir / "out").string();
+  SUBCASE("files already there: refused unless --overwrite") {
+    std::filesystem::create_directories(target);
+    std::ofstream(target + "/O_01_naive.npy") << "the user's";
+    const auto r = run_cli({"--save", target, "--stage", "01", "--N", "16"});
+    CHECK(r.code == 2);
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.find("O_01_naive.npy exists; pass --overwrite") != std::string::npos);
+    // Files another stage would write are not in the way.
+    CHECK(run_cli({"--save", target, "--stage", "02", "--N", "16"}).err.find("exists") ==
+          std::string::npos);
+    const auto over = run_cli({"--save", target, "--stage", "01", "--N", "16", "--overwrite"});
+    CHECK(over.err.find("exists") == std::string::npos);
+  }
+  SUBCASE("the path is a file, or runs through one") {
+    std::ofstream(target) << "a file";
+    for (const std::string& path : {target, target + "/sub"}) {
+      const auto r = run_cli({"--save", path, "--N", "16"});
+      CHECK(r.code == 2);
+      CHECK(count_lines(r.err) == 1);
+      CHECK(r.err.find("is not a folder") != std::string::npos);
+    }
+  }
+  SUBCASE("something there that is not a regular file is never replaced") {
+    std::filesystem::create_directories(target + "/Q.npy");
+    const auto r = run_cli({"--save", target, "--N", "16", "--overwrite"});
+    CHECK(r.code == 2);
+    CHECK(r.err.find("Q.npy exists and is not a regular file") != std::string::npos);
+  }
+  SUBCASE("without a GPU nothing can be saved: it says so and fails") {
+    if (!flashstep::cuda_device_available()) {
+      const auto r = run_cli({"--save", target, "--N", "16"});
+      CHECK(r.code == 1);
+      CHECK(count_lines(r.err) == 1);
+      CHECK(r.err.find("--save needs a run, nothing saved") != std::string::npos);
+      CHECK(r.out.empty());
+      CHECK_FALSE(std::filesystem::exists(target));
+    } else {
+      const auto r = run_cli({"--save", target, "--N", "16", "--stage", "01", "--iters", "0"});
+      CHECK(r.code == 0);
+      CHECK(std::filesystem::is_regular_file(target + "/O_01_naive.npy"));
+    }
+  }
+}
+
+TEST_CASE("cli: output that cannot be written is a failure with one line, not exit 0") {
+  FullBuffer full;
+  std::ostream out(&full);
+  std::ostringstream err;
+  CHECK(flashstep::cli::run({"model"}, out, err) == 1);
+  CHECK(err.str() == "flashstep: writing the output failed; it is missing or incomplete\n");
+}
+
+TEST_CASE("cli: anything but an Error escaping still ends in one line and exit 1") {
+  // A stream that throws on failure: std::ios_base::failure, no flashstep::Error.
+  FullBuffer full;
+  std::ostream out(&full);
+  out.exceptions(std::ios::badbit);
+  std::ostringstream err;
+  int code = 0;
+  CHECK_NOTHROW(code = flashstep::cli::run({"model"}, out, err));
+  CHECK(code == 1);
+  CHECK(count_lines(err.str()) == 1);
+}
+
+TEST_CASE("cli: a problem too large for the device is refused before the host allocates it") {
+  // 2^31 - 1 heads of 16 x 16 x 256: within the contract, 2^45 bytes of Q alone.
+  const std::vector<std::string> args = {"--B", "2147483647", "--N", "16", "--d", "256",
+                                         "--H", "1", "--stage", "05", "--iters", "0"};
+  const auto r = run_cli(args);
+  if (flashstep::cuda_device_available()) {
+    CHECK(r.code == 1);
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.find("of device memory in every selected stage") != std::string::npos);
+  } else {
+    CHECK(r.code == 0);
+    CHECK(r.err.find("no usable CUDA device") != std::string::npos);
+    CHECK(r.out.find("05_sequence_parallel") != std::string::npos);
   }
 }
 

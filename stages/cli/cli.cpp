@@ -1,9 +1,13 @@
 #include "cli.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
+#include <new>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -220,15 +224,20 @@ Inputs load_inputs(const std::string& dir, Problem& p, const std::set<std::strin
   if (q.shape[0] != k.shape[0] || q.shape[1] != k.shape[1] || q.shape[3] != k.shape[3]) {
     throw Error(dir + ": Q.npy [B, H, Nq, d] and K.npy [B, H, Nk, d] disagree on B, H or d");
   }
-  const std::map<std::string, std::int64_t> from_files = {
-      {"--B", q.shape[0]}, {"--H", q.shape[1]}, {"--Nq", q.shape[2]}, {"--Nk", k.shape[2]},
-      {"--d", q.shape[3]}};
-  const std::map<std::string, std::int64_t> from_flags = {
-      {"--B", p.B}, {"--H", p.H}, {"--Nq", p.Nq}, {"--Nk", p.Nk}, {"--d", p.d}};
-  for (const auto& [flag, value] : from_files) {
-    if (given.count(flag) && from_flags.at(flag) != value) {
-      throw Error(flag + " " + std::to_string(from_flags.at(flag)) + " contradicts the loaded " +
-                  "files' " + std::to_string(value));
+  // Each size flag given beside --load must agree with the files (--N sets
+  // both Nq and Nk, so it must agree with both).
+  struct Size {
+    std::string flag;
+    std::int64_t from_flag, from_files;
+  };
+  const std::vector<Size> sizes = {
+      {"--B", p.B, q.shape[0]},   {"--H", p.H, q.shape[1]},   {"--Nq", p.Nq, q.shape[2]},
+      {"--Nk", p.Nk, k.shape[2]}, {"--N", p.Nq, q.shape[2]},  {"--N", p.Nk, k.shape[2]},
+      {"--d", p.d, q.shape[3]}};
+  for (const Size& size : sizes) {
+    if (given.count(size.flag) && size.from_flag != size.from_files) {
+      throw Error(size.flag + " " + std::to_string(size.from_flag) + " contradicts the loaded " +
+                  "files' " + std::to_string(size.from_files));
     }
   }
   p.B = q.shape[0];
@@ -240,11 +249,56 @@ Inputs load_inputs(const std::string& dir, Problem& p, const std::set<std::strin
   return {q.data, k.data, v.data};
 }
 
+// The file --save writes for `array` (Q, O, dQ, ...): ARRAY.npy for an input,
+// ARRAY_<stage>.npy for a stage's output.
+std::string saved_file(const std::string& dir, const std::string& array, const Stage* s = nullptr) {
+  return dir + "/" + array + (s ? "_" + std::string(s->name) : std::string()) + ".npy";
+}
+
+// Refuses, before any work, a --save DIR that is not a folder (or cannot be
+// one: a file on its path), or that holds a file this run would write, unless
+// `overwrite`; never replaces what is not a regular file. Creates nothing.
+void check_save_dir(const Options& o, const std::vector<const Stage*>& stages) {
+  namespace fs = std::filesystem;
+  const std::string& dir = o.save_dir;
+  std::error_code ec;
+  // The nearest part of the path that exists must be a folder.
+  fs::path existing = dir;
+  while (!fs::exists(fs::status(existing, ec)) && existing.has_relative_path()) {
+    existing = existing.parent_path();
+  }
+  if (const fs::file_status st = fs::status(existing, ec); fs::exists(st) && !fs::is_directory(st)) {
+    throw Error("--save " + dir + ": " + existing.string() + " is not a folder");
+  }
+  std::vector<std::string> files;
+  for (const char* array : {"Q", "K", "V"}) files.push_back(saved_file(dir, array));
+  if (o.backward) files.push_back(saved_file(dir, "dO"));
+  for (const Stage* s : stages) {
+    files.push_back(saved_file(dir, "O", s));
+    if (s->writes_lse) files.push_back(saved_file(dir, "L", s));
+    if (o.backward && s->backward_supports(run_dtype(*s, o.dtype))) {
+      for (const char* grad : {"dQ", "dK", "dV"}) files.push_back(saved_file(dir, grad, s));
+    }
+  }
+  for (const std::string& file : files) {
+    const fs::file_status st = fs::symlink_status(file, ec);
+    if (!fs::exists(st)) continue;
+    if (!fs::is_regular_file(fs::status(file, ec))) {
+      throw Error("--save: " + file + " exists and is not a regular file");
+    }
+    if (!o.overwrite) {
+      throw Error("--save: " + file + " exists; pass --overwrite to replace it, or save elsewhere");
+    }
+  }
+}
+
 void save_inputs(const std::string& dir, const Problem& p, const Inputs& in) {
-  std::filesystem::create_directories(dir);
-  write_npy(dir + "/Q.npy", {p.B, p.H, p.Nq, p.d}, in.Q.data());
-  write_npy(dir + "/K.npy", {p.B, p.H, p.Nk, p.d}, in.K.data());
-  write_npy(dir + "/V.npy", {p.B, p.H, p.Nk, p.d}, in.V.data());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("--save " + dir + ": cannot create the folder: " + ec.message());
+  write_npy(saved_file(dir, "Q"), {p.B, p.H, p.Nq, p.d}, in.Q.data());
+  write_npy(saved_file(dir, "K"), {p.B, p.H, p.Nk, p.d}, in.K.data());
+  write_npy(saved_file(dir, "V"), {p.B, p.H, p.Nk, p.d}, in.V.data());
 }
 
 // One stage's row of the run table.
@@ -295,7 +349,10 @@ std::vector<float> load_or_draw_output_grad(const std::string& dir, const Proble
   // Any fixed odd constant keeps dO's stream apart from Q, K and V's.
   constexpr std::uint64_t kOutputGradSeedSalt = 0x9E3779B97F4A7C15ull;
   const std::string path = dir + "/dO.npy";
-  if (dir.empty() || !std::filesystem::exists(path)) return random_output_grad(p, seed ^ kOutputGradSeedSalt);
+  std::error_code ec;  // anything there (a broken link too) is read, and read_npy says what is wrong
+  if (dir.empty() || !std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+    return random_output_grad(p, seed ^ kOutputGradSeedSalt);
+  }
   const NpyArray g = read_npy(path);
   if (g.shape != std::vector<std::int64_t>{p.B, p.H, p.Nq, p.d}) {
     throw Error(path + ": dO must have Q's shape [B, H, Nq, d]");
@@ -329,6 +386,37 @@ std::string check_gradients(const Stage& s, std::vector<const std::vector<float>
     }
   }
   return failed ? "FAIL" : unchecked ? "unchecked" : "ok";
+}
+
+// Refuses, before the host allocates anything, a problem that no selected
+// stage fits in the device's memory, or whose host arrays do not fit in this
+// machine's: a problem within the contract can still be far too large.
+void check_fits(const Problem& p, const std::vector<const Stage*>& stages, const Options& o) {
+  const std::int64_t device = device_info().total_bytes;
+  std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  for (const Stage* s : stages) {
+    Problem ps = p;
+    ps.dtype = run_dtype(*s, o.dtype);
+    const bool backward = o.backward && s->backward_supports(ps.dtype);
+    least = std::min(least, device_bytes_needed(*s, ps, backward));
+  }
+  if (least > device) {
+    throw Error(p.describe() + " needs " + bytes(least).pretty + " of device memory in every " +
+                "selected stage, more than the device's " + bytes(device).pretty);
+  }
+  // In fp32 on the host whatever the type: Q, K, V and dO; one stage's O, L,
+  // dQ, dK and dV; the reference's O and L in fp64.
+  constexpr std::int64_t kFp64Bytes = 8;
+  const std::int64_t grads = o.backward ? 2 * p.q_elems() + 2 * p.kv_elems() : 0;
+  const std::int64_t host = (p.q_elems() + 2 * p.kv_elems() + p.q_elems() + p.lse_elems() + grads) *
+                                kFloatBytes +
+                            (o.check ? (p.q_elems() + p.lse_elems()) * kFp64Bytes : 0);
+  const std::int64_t machine =
+      static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
+  if (host > machine) {
+    throw Error(p.describe() + " needs " + bytes(host).pretty + " of host memory, more than this " +
+                "machine's " + bytes(machine).pretty);
+  }
 }
 
 }  // namespace
@@ -376,7 +464,9 @@ what to run and print:
   --format F          table (default), csv or json
   --save DIR          write Q, K, V (fp32, as drawn or loaded) and each stage's
                       O_<stage>.npy, L_<stage>.npy as float32, what the stage
-                      computed (with --backward also dO and dQ_, dK_, dV_<stage>.npy)
+                      computed (with --backward also dO and dQ_, dK_, dV_<stage>.npy);
+                      needs a GPU; refuses to replace files already in DIR
+  --overwrite         with --save: replace those files
   -h, --help          this text
 )";
 }
@@ -447,8 +537,12 @@ Options parse_args(const std::vector<std::string>& args) {
       else if (f == "json") o.format = Format::kJson;
       else throw Error("--format must be table, csv or json, got '" + f + "'");
     }
-    else if (flag == "--load") o.load_dir = value();
-    else if (flag == "--save") o.save_dir = value();
+    else if (flag == "--load" || flag == "--save") {
+      std::string& dir = flag == "--load" ? o.load_dir : o.save_dir;
+      dir = value();
+      if (dir.empty()) throw Error(flag + " expects a folder, got ''");
+    }
+    else if (flag == "--overwrite") { no_value(); o.overwrite = true; }
     else throw Error("unknown argument '" + args[k] + "'");
     if (flag.rfind("--", 0) == 0) o.given.insert(flag);
   }
@@ -456,11 +550,18 @@ Options parse_args(const std::vector<std::string>& args) {
   // An unknown stage, a --dtype no selected stage runs in, and --backward with
   // no backward to run are usage errors, found before any work.
   const auto stages = typed_stages(selected_stages(o.stages), o.dtype);
+  if (!o.save_dir.empty() && o.mode != Mode::kRun) {
+    throw Error("--save keeps a run's inputs and outputs; model and info run nothing to save");
+  }
+  if (o.overwrite && o.save_dir.empty()) throw Error("--overwrite goes with --save DIR");
   if (o.backward) backward_stages(stages, o.dtype);
   return o;
 }
 
-int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+namespace {
+
+// run() without its last line of defence.
+int execute(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   Options o;
   Inputs in;
   try {
@@ -470,6 +571,9 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
       return kExitOk;
     }
     if (!o.load_dir.empty()) in = load_inputs(o.load_dir, o.problem, o.given);
+    if (!o.save_dir.empty()) {
+      check_save_dir(o, typed_stages(selected_stages(o.stages), o.dtype));
+    }
   } catch (const Error& e) {
     err << "flashstep: " << e.what() << "\n";
     return kExitUsage;
@@ -497,6 +601,10 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
         << " kernel)\n";
   }
   if (o.mode == Mode::kModel || !cuda_device_available(&why)) {
+    if (o.mode == Mode::kRun && !o.save_dir.empty()) {
+      err << "flashstep: no usable CUDA device (" << why << "); --save needs a run, nothing saved\n";
+      return kExitFailed;
+    }
     if (o.mode == Mode::kRun) {
       err << "flashstep: no usable CUDA device (" << why
           << "); printing the modelled traffic only, no timings\n";
@@ -507,13 +615,19 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     return kExitOk;
   }
 
+  try {
+    check_fits(p, stages, o);
+  } catch (const Error& e) {
+    err << "flashstep: " << e.what() << "\n";
+    return kExitFailed;
+  }
   std::vector<float> dO;  // [B, H, Nq, d], for --backward
   try {
     if (o.load_dir.empty()) in = random_inputs(p, o.seed);
     if (o.backward) dO = load_or_draw_output_grad(o.load_dir, p, o.seed);
     if (!o.save_dir.empty()) {
       save_inputs(o.save_dir, p, in);
-      if (o.backward) write_npy(o.save_dir + "/dO.npy", {p.B, p.H, p.Nq, p.d}, dO.data());
+      if (o.backward) write_npy(saved_file(o.save_dir, "dO"), {p.B, p.H, p.Nq, p.d}, dO.data());
     }
   } catch (const Error& e) {
     err << "flashstep: " << e.what() << "\n";
@@ -586,10 +700,8 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
         }
       }
       if (!o.save_dir.empty()) {
-        write_npy(o.save_dir + "/O_" + std::string(s.name) + ".npy", {p.B, p.H, p.Nq, p.d}, O.data());
-        if (s.writes_lse) {
-          write_npy(o.save_dir + "/L_" + std::string(s.name) + ".npy", {p.B, p.H, p.Nq}, L.data());
-        }
+        write_npy(saved_file(o.save_dir, "O", &s), {p.B, p.H, p.Nq, p.d}, O.data());
+        if (s.writes_lse) write_npy(saved_file(o.save_dir, "L", &s), {p.B, p.H, p.Nq}, L.data());
       }
       if (o.iterations > 0) res.timing = run.time(o.warmup, o.iterations);
       if (backward) {
@@ -598,14 +710,13 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
         run.run_backward(dQ, dK, dV);
         res.backward_status = check_gradients(s, {&dQ, &dK, &dV}, ref_grad, res.grad_error, err);
         if (!o.save_dir.empty()) {
-          const std::string tag = "_" + std::string(s.name) + ".npy";
-          write_npy(o.save_dir + "/dQ" + tag, {p.B, p.H, p.Nq, p.d}, dQ.data());
-          write_npy(o.save_dir + "/dK" + tag, {p.B, p.H, p.Nk, p.d}, dK.data());
-          write_npy(o.save_dir + "/dV" + tag, {p.B, p.H, p.Nk, p.d}, dV.data());
+          write_npy(saved_file(o.save_dir, "dQ", &s), {p.B, p.H, p.Nq, p.d}, dQ.data());
+          write_npy(saved_file(o.save_dir, "dK", &s), {p.B, p.H, p.Nk, p.d}, dK.data());
+          write_npy(saved_file(o.save_dir, "dV", &s), {p.B, p.H, p.Nk, p.d}, dV.data());
         }
         if (o.iterations > 0) res.backward_timing = run.time_backward(o.warmup, o.iterations);
       }
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // an Error, or host memory running out
       err << "flashstep: " << s.name << ": " << e.what() << "\n";
       // An error in the backward's run or timing fails the backward; any
       // earlier one, the forward.
@@ -645,6 +756,31 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   }
   print(r, o.format, out);
   return all_ok ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  // Whatever a user can cause ends in one line and a non-zero exit, never in
+  // std::terminate: host memory running out, a filesystem error, or a flaw of
+  // ours that lets something other than an Error escape.
+  int code = kExitFailed;
+  try {
+    code = execute(args, out, err);
+  } catch (const std::bad_alloc&) {
+    err << "flashstep: out of host memory\n";
+    return kExitFailed;
+  } catch (const std::exception& e) {
+    err << "flashstep: " << e.what() << "\n";
+    return kExitFailed;
+  }
+  // Results that never reached their destination (a full disk, a closed
+  // stdout) are a failure, not an exit 0.
+  if (!out.flush()) {
+    err << "flashstep: writing the output failed; it is missing or incomplete\n";
+    return kExitFailed;
+  }
+  return code;
 }
 
 }  // namespace flashstep::cli

@@ -38,6 +38,7 @@ struct Options {
   Format format = Format::kTable;
   std::string load_dir;        ///< read Q.npy, K.npy, V.npy from here
   std::string save_dir;        ///< write inputs and each stage's O, L here
+  bool overwrite = false;      ///< let --save replace files already in save_dir
   std::uint64_t seed = 0;      ///< seed of the random inputs
   bool check = true;           ///< compare with the fp64 reference
   bool backward = false;       ///< also run the backward (stages that have one)

@@ -103,7 +103,7 @@ def determinism(exe, workdir):
         for k in range(DETERMINISM_RUNS):
             out = os.path.join(workdir, f"det{k}")
             cmd = [exe, "--backward", "--stage", STAGES, "--B", str(B), "--H", str(H), "--N", str(N),
-                   "--d", str(d), "--iters", "0", "--no-check", "--save", out]
+                   "--d", str(d), "--iters", "0", "--no-check", "--save", out, "--overwrite"]
             subprocess.run(cmd + (["--causal"] if causal else []), capture_output=True, check=True)
             runs.append(out)
         for stage in ("02_safe_softmax", "05_sequence_parallel"):
