@@ -122,10 +122,15 @@ TEST_CASE("cli: a usage error prints exactly one line and exits 2") {
   }
 }
 
-TEST_CASE("cli: --help prints usage and exits 0") {
-  const auto r = run_cli({"--help"});
-  CHECK(r.code == 0);
-  CHECK(r.out.find("usage: flashstep") != std::string::npos);
+TEST_CASE("cli: --help prints usage and exits 0, whatever else is on the line") {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"-h", "--d", "300"}, {"model", "--save", "/tmp/x", "--help"}}) {
+    CAPTURE(args);
+    const auto r = run_cli(args);
+    CHECK(r.code == 0);
+    CHECK(r.out.find("usage: flashstep") != std::string::npos);
+    CHECK(r.err.empty());
+  }
 }
 
 TEST_CASE("cli: model mode lists every registered stage, as table, CSV and JSON") {

@@ -546,6 +546,7 @@ Options parse_args(const std::vector<std::string>& args) {
     else throw Error("unknown argument '" + args[k] + "'");
     if (flag.rfind("--", 0) == 0) o.given.insert(flag);
   }
+  if (o.mode == Mode::kHelp) return o;  // --help needs nothing else to be right
   validate(o.problem);
   // An unknown stage, a --dtype no selected stage runs in, and --backward with
   // no backward to run are usage errors, found before any work.
