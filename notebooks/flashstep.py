@@ -210,7 +210,18 @@ def _stage_bytes(stage):
     if not isinstance(stage, str):
         raise TypeError(f"stage must be a str such as '{DEFAULT_STAGE}', "
                         f"got {type(stage).__name__}")
+    if "\0" in stage:
+        # C would read the name only up to it: "05\0x" would run stage 05.
+        raise ValueError(f"stage {stage!r} holds a NUL character")
     return stage.encode()
+
+
+def _causal_arg(causal):
+    """The ABI's causal flag from True or False (1 or 0): anything else, such as
+    the string "False", which is truthy, is a TypeError rather than a mask."""
+    if causal not in (True, False):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    return int(bool(causal))
 
 
 def _check_inputs(torch, q, k, v):
@@ -293,6 +304,7 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
 
     _check_inputs(torch, q, k, v)
     scale_arg = _scale_arg(scale)
+    causal_arg = _causal_arg(causal)
     lse_written = writes_lse(stage)
     code = DTYPE_CODES[_dtype_name(q.dtype)]
     lib = _load()
@@ -304,7 +316,7 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
         stream = torch.cuda.current_stream(q.device).cuda_stream
 
         _call(torch, lambda: lib.flashstep_forward_typed(
-            _stage_bytes(stage), code, B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
+            _stage_bytes(stage), code, B, H, Nq, Nk, d, causal_arg, scale_arg,
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
             lse.data_ptr() if lse is not None else None, stream))
     return o, lse
@@ -334,6 +346,7 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
     _check_like(torch, "lse", lse, (B, H, Nq), q.device, "[B,H,Nq]", torch.float32)
     _check_like(torch, "do", do, q.shape, q.device, "[B,H,Nq,d] like q", q.dtype)
     scale_arg = _scale_arg(scale)
+    causal_arg = _causal_arg(causal)
     code = DTYPE_CODES[_dtype_name(q.dtype)]
     lib = _load()
     with torch.cuda.device(q.device):
@@ -342,7 +355,7 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
         dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _call(torch, lambda: lib.flashstep_backward_typed(
-            _stage_bytes(stage), code, B, H, Nq, Nk, d, int(bool(causal)), scale_arg,
+            _stage_bytes(stage), code, B, H, Nq, Nk, d, causal_arg, scale_arg,
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
             do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), stream))
     return dq, dk, dv
@@ -756,6 +769,12 @@ def selftest():
                                                   v[..., :-1].contiguous()),
          ValueError, "disagree", None),
         ("scale <= 0", lambda: forward(q, k, v, scale=0.0), ValueError, "scale", None),
+        ("scale beyond fp32", lambda: forward(q, k, v, scale=1e39), FlashstepError,
+         "scale must be finite in fp32", EINVAL),
+        ("causal as a string", lambda: forward(q, k, v, causal="False"), TypeError,
+         "causal must be True or False", None),
+        ("stage name with a NUL", lambda: forward(q, k, v, stage="05\0x"), ValueError,
+         "NUL", None),
         ("unknown stage", lambda: forward(q, k, v, stage="99_nope"), FlashstepError,
          "unknown stage '99_nope'", ESTAGE),
         ("d = 300", lambda: forward(*(torch.zeros(1, 1, 4, 300, device=dev),) * 3),
