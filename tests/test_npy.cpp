@@ -1,11 +1,13 @@
 // .npy reading and writing, and clear errors on malformed files.
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -295,4 +297,21 @@ TEST_CASE("npy: mutated headers are read or refused with one line, never anythin
   }
   MESSAGE("npy fuzz: " << cases << " mutated files, " << read << " read, the rest refused");
   CHECK(cases > 0);
+}
+
+TEST_CASE("npy: a write the disk refuses is an error, even when it fails only at close") {
+  // A file-size limit stands in for a full disk. A small array sits whole in
+  // the stream's buffer until the file is closed, and fails only there.
+  constexpr rlim_t kLimitBytes = 64;
+  rlimit saved{};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &saved) == 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // fail the write, not the process
+  rlimit small = saved;
+  small.rlim_cur = kLimitBytes;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  const std::vector<float> x(100, 1.0f);
+  CHECK_THROWS_WITH_AS(flashstep::write_npy(temp_path("full.npy"), {100}, x.data()),
+                       doctest::Contains("write failed"), flashstep::Error);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
 }
