@@ -197,6 +197,7 @@ TEST_CASE("npy: headers NumPy would read differently, or not at all, are refused
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } junk", "nothing after"},
       {"{'descr': '<f4, 'fortran_order': False, 'shape': (2,), }", "malformed header"},
       {"", "expected '{'"},
+      {"{'descr':\v'<f4', 'fortran_order': False, 'shape': (2,), }", "malformed header"},
   };
   for (const auto& [dict, message] : cases) {
     CAPTURE(dict);

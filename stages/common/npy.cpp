@@ -105,8 +105,9 @@ class HeaderParser {
   [[noreturn]] void malformed(const std::string& wanted) const {
     fail(path_, "malformed header: expected " + wanted + " at byte " + std::to_string(pos_));
   }
+  // Python's whitespace between tokens; unlike std::isspace, not '\v'.
   void skip_space() {
-    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+    while (pos_ < text_.size() && text_[pos_] != '\0' && std::strchr(" \t\n\r\f", text_[pos_])) ++pos_;
   }
   // Consumes `c` (after whitespace) when it comes next.
   bool take(char c) {
