@@ -771,12 +771,14 @@ def ablation_figure(rows16, peers, ablation):
         if j == 0:
             ax.set_ylabel("stall cycles per instruction")
             ax.legend(fontsize=8, ncol=2, loc="upper right")
-    src = provenance(rows16, "forward16.csv")
+    sources = [provenance(rows16, "forward16.csv")]
     fa2 = [r for r in peers if r["stage"] == FA2_PEER]
     if fa2:
-        src += f"; {provenance(fa2, 'peers.csv')}"
+        sources.append(provenance(fa2, "peers.csv"))
     if stalls:
-        src += f"; {provenance(ablation, 'ablation.csv')}"
+        sources.append(provenance(ablation, "ablation.csv"))
+    # One source per line: three on one line run past the figure's edges.
+    src = "\n".join(sources)
     fig.suptitle(f"Stage 07's ablation ladder, bf16 ({FLOP_RULE})\n{src}", fontsize=11)
     fig.tight_layout()
     return fig
