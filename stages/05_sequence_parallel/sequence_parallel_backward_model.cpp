@@ -51,16 +51,9 @@ Cost backward_model(const Problem& p) {
     head.matmul_flops += 10 * rows * C * d;
     head.nonmatmul_flops += rows * (6 * C + 1);
   }
-  const std::int64_t BH = p.heads();
-  Cost c;
-  c.hbm_read_bytes = BH * head.hbm_read_bytes;
-  c.hbm_write_bytes = BH * head.hbm_write_bytes + p.q_elems() * kFloatBytes;  // dQ = 0 first
-  c.sram_read_bytes = BH * head.sram_read_bytes;
-  c.sram_write_bytes = BH * head.sram_write_bytes;
-  c.matmul_flops = BH * head.matmul_flops;
-  c.nonmatmul_flops = BH * head.nonmatmul_flops;
-  c.skipped_tiles = BH * head.skipped_tiles;
-  c.thread_blocks = Tc * std::min(BH, bwd::kMaxGridY);
+  Cost c = head.times(p.heads());
+  c.hbm_write_bytes += p.q_elems() * kFloatBytes;  // dQ = 0 first
+  c.thread_blocks = Tc * std::min(p.heads(), bwd::kMaxGridY);
   c += row_dot_cost(p);
   return c;
 }

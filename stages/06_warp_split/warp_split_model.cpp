@@ -51,17 +51,8 @@ std::int64_t tiles_seen(const Problem& p, std::int64_t row, std::int64_t bc) {
 // One head's counts scaled by B * H, and the launch's thread blocks: Tr Q
 // blocks along x, heads (capped) along y.
 Cost all_heads(const Problem& p, const Cost& head, std::int64_t Tr) {
-  const std::int64_t BH = p.heads();
-  Cost c;
-  c.hbm_read_bytes = BH * head.hbm_read_bytes;
-  c.hbm_write_bytes = BH * head.hbm_write_bytes;
-  c.sram_read_bytes = BH * head.sram_read_bytes;
-  c.sram_write_bytes = BH * head.sram_write_bytes;
-  c.matmul_flops = BH * head.matmul_flops;
-  c.nonmatmul_flops = BH * head.nonmatmul_flops;
-  c.skipped_tiles = BH * head.skipped_tiles;
-  c.barriers = BH * head.barriers;
-  c.thread_blocks = Tr * std::min(BH, kMaxGridY);
+  Cost c = head.times(p.heads());
+  c.thread_blocks = Tr * std::min(p.heads(), kMaxGridY);
   return c;
 }
 

@@ -84,16 +84,8 @@ Cost model(const Problem& p) {
     head.nonmatmul_flops += kFlopsPerScore * R * C + n * R * (kFlopsPerRowTile + d) +
                             R * (d + kFlopsPerRowEnd);
   }
-  const std::int64_t BH = p.heads();
-  Cost c;
-  c.hbm_read_bytes = BH * head.hbm_read_bytes;
-  c.hbm_write_bytes = BH * head.hbm_write_bytes;
-  c.sram_read_bytes = BH * head.sram_read_bytes;
-  c.sram_write_bytes = BH * head.sram_write_bytes;
-  c.matmul_flops = BH * head.matmul_flops;
-  c.nonmatmul_flops = BH * head.nonmatmul_flops;
-  c.skipped_tiles = BH * head.skipped_tiles;
-  c.thread_blocks = Tr * std::min(BH, kMaxGridY);
+  Cost c = head.times(p.heads());
+  c.thread_blocks = Tr * std::min(p.heads(), kMaxGridY);
   return c;
 }
 

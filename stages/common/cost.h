@@ -39,6 +39,22 @@ struct Cost {
   std::int64_t barriers = 0;
 
   std::int64_t hbm_bytes() const { return hbm_read_bytes + hbm_write_bytes; }
+
+  /// The counts of n copies of this work (one head's, scaled to B * H heads):
+  /// every field times n. A model then sets thread_blocks to what its launch has.
+  Cost times(std::int64_t n) const {
+    Cost c;
+    c.hbm_read_bytes = n * hbm_read_bytes;
+    c.hbm_write_bytes = n * hbm_write_bytes;
+    c.sram_read_bytes = n * sram_read_bytes;
+    c.sram_write_bytes = n * sram_write_bytes;
+    c.matmul_flops = n * matmul_flops;
+    c.nonmatmul_flops = n * nonmatmul_flops;
+    c.thread_blocks = n * thread_blocks;
+    c.skipped_tiles = n * skipped_tiles;
+    c.barriers = n * barriers;
+    return c;
+  }
   std::int64_t sram_bytes() const { return sram_read_bytes + sram_write_bytes; }
 
   Cost& operator+=(const Cost& o) {

@@ -53,15 +53,7 @@ Cost model(const Problem& p, std::int64_t thread_blocks) {
     head.matmul_flops += 4 * R * C * d;                   // 2 R C d, twice
     head.nonmatmul_flops += 5 * R * C + n * R * (3 + d) + R * (d + 4);
   }
-  const std::int64_t BH = p.heads();
-  Cost c;
-  c.hbm_read_bytes = BH * head.hbm_read_bytes;
-  c.hbm_write_bytes = BH * head.hbm_write_bytes;
-  c.sram_read_bytes = BH * head.sram_read_bytes;
-  c.sram_write_bytes = BH * head.sram_write_bytes;
-  c.matmul_flops = BH * head.matmul_flops;
-  c.nonmatmul_flops = BH * head.nonmatmul_flops;
-  c.skipped_tiles = BH * head.skipped_tiles;
+  Cost c = head.times(p.heads());
   c.thread_blocks = thread_blocks;
   return c;
 }
