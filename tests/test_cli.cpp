@@ -1,7 +1,10 @@
 // flashstep's argument handling, error lines and exit codes.
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,6 +15,7 @@
 #include "common/error.h"
 #include "common/npy.h"
 #include "common/stage.h"
+#include "report.h"
 
 using flashstep::Error;
 using flashstep::cli::parse_args;
@@ -99,6 +103,43 @@ TEST_CASE("cli: bad arguments throw one clear message") {
   CHECK_THROWS_WITH_AS(parse_args({"--causal=yes"}), "--causal takes no value", Error);
   CHECK_THROWS_WITH_AS(parse_args({"--scale", "1e39"}),
                        doctest::Contains("scale must be finite in fp32"), Error);
+}
+
+TEST_CASE("cli: JSON output is valid JSON: non-finite numbers are null, strings escaped") {
+  using namespace flashstep::cli;
+  Report r;
+  r.columns = {"name", "count", "value", "nan", "inf", ".hidden"};
+  r.rows.push_back({text("a \"quoted\" \\ name\n\x01"), integer((1ll << 53) + 1), number(0.123456, 3),
+                    number(std::nan("")), number(std::numeric_limits<double>::infinity()),
+                    bytes(268435456)});
+  r.rows.push_back({text("\xff not UTF-8"), integer(-1), number(-2.5), number(1.0),
+                    number(-std::numeric_limits<double>::infinity()), flops(0)});
+  std::ostringstream out;
+  print(r, Format::kJson, out);
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(out.str());  // throws if invalid
+  REQUIRE(j.size() == 2);
+  CHECK(j[0].size() == 6);
+  CHECK(j[0].begin().key() == "name");  // columns keep their order
+  CHECK(j[0]["name"] == "a \"quoted\" \\ name\n\x01");
+  CHECK(j[0]["count"] == (1ll << 53) + 1);
+  CHECK(j[0]["value"] == 0.123);  // the digits the table and CSV show
+  CHECK(j[0]["nan"].is_null());
+  CHECK(j[0]["inf"].is_null());
+  CHECK(j[0]["hidden"] == 268435456);
+  CHECK(j[1]["name"] == "\xef\xbf\xbd not UTF-8");  // U+FFFD
+  CHECK(j[1]["inf"].is_null());
+  // CSV and the text table keep writing "inf".
+  std::ostringstream csv;
+  print(r, Format::kCsv, csv);
+  CHECK(csv.str().find(",inf,") != std::string::npos);
+
+  // And the command's own: one object per stage, in column order.
+  const Result model = run_cli({"model", "--format", "json"});
+  REQUIRE(model.code == 0);
+  const nlohmann::ordered_json stages = nlohmann::ordered_json::parse(model.out);
+  CHECK(stages.size() == flashstep::all_stages().size());
+  CHECK(stages[0].begin().key() == "stage");
+  CHECK(stages[0]["barriers"].is_null());  // not modelled: NaN
 }
 
 TEST_CASE("cli: model refuses a problem its int64 counts would overflow, rather than print negatives") {

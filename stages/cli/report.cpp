@@ -1,10 +1,15 @@
 #include "report.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
+#include <type_traits>
+#include <utility>
 
 namespace flashstep::cli {
 
@@ -23,15 +28,6 @@ std::string scaled(double v, const char* const* units, int n_units) {
   return s.str();
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string out = "\"";
@@ -40,28 +36,31 @@ std::string csv_field(const std::string& s) {
 }
 
 bool hidden(const std::string& column) { return !column.empty() && column[0] == '.'; }
+bool numeric(const Cell& cell) { return !std::holds_alternative<std::string>(cell.value); }
 std::string key(const std::string& column) { return hidden(column) ? column.substr(1) : column; }
 }  // namespace
 
-Cell text(const std::string& s) { return {s, s, false}; }
+Cell text(const std::string& s) { return {s, s, s}; }
 
-Cell integer(long long v) { return {std::to_string(v), std::to_string(v), true}; }
+Cell integer(long long v) { return {std::to_string(v), std::to_string(v), v}; }
 
 Cell number(double v, int precision) {
-  if (std::isnan(v)) return {"", "-", true};
+  if (std::isnan(v)) return {"", "-", std::monostate{}};
   std::ostringstream s;
   s << std::setprecision(precision) << v;
-  return {s.str(), s.str(), true};
+  if (!std::isfinite(v)) return {s.str(), s.str(), std::monostate{}};
+  // JSON holds what CSV shows: the value rounded to `precision` digits.
+  return {s.str(), s.str(), std::strtod(s.str().c_str(), nullptr)};
 }
 
 Cell bytes(long long v) {
   static const char* const units[] = {" B", " kB", " MB", " GB", " TB", " PB"};
-  return {std::to_string(v), scaled(static_cast<double>(v), units, 6), true};
+  return {std::to_string(v), scaled(static_cast<double>(v), units, 6), v};
 }
 
 Cell flops(long long v) {
   static const char* const units[] = {"", " k", " M", " G", " T", " P"};
-  return {std::to_string(v), scaled(static_cast<double>(v), units, 6), true};
+  return {std::to_string(v), scaled(static_cast<double>(v), units, 6), v};
 }
 
 void print(const Report& r, Format format, std::ostream& out) {
@@ -76,19 +75,26 @@ void print(const Report& r, Format format, std::ostream& out) {
     return;
   }
   if (format == Format::kJson) {
-    out << "[\n";
-    for (size_t k = 0; k < r.rows.size(); ++k) {
-      out << "  {";
+    // An array of one object per row, keys in column order. Strings that are
+    // not valid UTF-8 (a GPU name, say) get U+FFFD rather than an exception.
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (const auto& row : r.rows) {
+      nlohmann::ordered_json object = nlohmann::ordered_json::object();
       for (size_t c = 0; c < n; ++c) {
-        const Cell& cell = r.rows[k][c];
-        const std::string value = !cell.numeric   ? json_string(cell.raw)
-                                  : cell.raw.empty() ? std::string("null")
-                                                     : cell.raw;
-        out << (c ? ", " : "") << json_string(key(r.columns[c])) << ": " << value;
+        object[key(r.columns[c])] = std::visit(
+            [](const auto& v) -> nlohmann::ordered_json {
+              if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::monostate>) {
+                return nullptr;
+              } else {
+                return v;
+              }
+            },
+            row[c].value);
       }
-      out << "}" << (k + 1 < r.rows.size() ? "," : "") << "\n";
+      rows.push_back(std::move(object));
     }
-    out << "]\n";
+    constexpr int kIndent = 2;
+    out << rows.dump(kIndent, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return;
   }
   std::vector<size_t> width(n, 0);
@@ -106,7 +112,7 @@ void print(const Report& r, Format format, std::ostream& out) {
       out << (first ? "" : "  ");
       first = false;
       // Text left-aligned, numbers right-aligned.
-      const bool right = !r.rows.empty() && r.rows[0][c].numeric;
+      const bool right = !r.rows.empty() && numeric(r.rows[0][c]);
       out << (right ? std::right : std::left) << std::setw(static_cast<int>(width[c])) << s;
     }
     out << "\n";
