@@ -4,11 +4,11 @@
 # Both configure through CMakePresets.json; extra CMake flags go in CMAKE_ARGS.
 
 BUILD_DIR := build
-# Build and tests (the CLI's nlohmann-json among them); the docs site
+# Build and tests (the CLI's CLI11 and nlohmann-json among them); the docs site
 # (Doxygen, offline MathJax, Chromium for its browser check); the notebooks
 # (executed headless by the tests).
 DEBIAN_PACKAGES := cmake ninja-build g++ make libeigen3-dev doctest-dev \
-	nlohmann-json3-dev \
+	libcli11-dev nlohmann-json3-dev \
 	doxygen libjs-mathjax chromium \
 	jupyter-nbconvert python3-ipykernel python3-matplotlib python3-numpy \
 	python3-venv

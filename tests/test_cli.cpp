@@ -4,9 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <limits>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <streambuf>
 
@@ -69,7 +69,7 @@ TEST_CASE("cli: defaults are the embedded problem B=1 H=8 N=1024 d=64") {
   CHECK(o.problem.Nk == 1024);
   CHECK(o.problem.d == 64);
   CHECK_FALSE(o.problem.causal);
-  CHECK(o.stages == "all");
+  CHECK(o.stages == std::vector<std::string>{"all"});
 }
 
 TEST_CASE("cli: flags set the problem, in both --flag value and --flag=value forms") {
@@ -88,6 +88,7 @@ TEST_CASE("cli: flags set the problem, in both --flag value and --flag=value for
   CHECK(o.iterations == 7);
   CHECK(o.warmup == 0);
   CHECK(o.seed == 9);
+  CHECK(o.stages == std::vector<std::string>{"01", "2"});
 }
 
 TEST_CASE("cli: bad arguments throw one clear message") {
@@ -103,6 +104,40 @@ TEST_CASE("cli: bad arguments throw one clear message") {
   CHECK_THROWS_WITH_AS(parse_args({"--causal=yes"}), "--causal takes no value", Error);
   CHECK_THROWS_WITH_AS(parse_args({"--scale", "1e39"}),
                        doctest::Contains("scale must be finite in fp32"), Error);
+}
+
+TEST_CASE("cli: the command line as CLI11 reads it, in flashstep's words") {
+  using flashstep::cli::Mode;
+  // The mode may come after options; a later flag overrides an earlier one.
+  CHECK(parse_args({"--N", "64", "model"}).mode == Mode::kModel);
+  CHECK(parse_args({"--N", "100", "--Nk", "50"}).problem.Nk == 50);
+  CHECK(parse_args({"--Nk", "50", "--N", "100"}).problem.Nk == 100);
+  CHECK(parse_args({"--stage", "01", "--stage", "3,4"}).stages ==
+        std::vector<std::string>{"3", "4"});
+  CHECK_THROWS_WITH_AS(parse_args({"model", "info"}), "unknown argument 'info'", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--stage", "01", "02"}), "unknown argument '02'", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--bogus=3"}), "unknown argument '--bogus=3'", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--N="}), "--N expects a value", Error);
+  // Numbers are decimal: no octal, no hex, no silent clamping.
+  CHECK(parse_args({"--N", "010"}).problem.Nq == 10);
+  CHECK_THROWS_WITH_AS(parse_args({"--N", "0x10"}), "--N expects an integer, got '0x10'", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--seed", "99999999999999999999"}),
+                       "--seed expects an integer, got '99999999999999999999'", Error);
+  CHECK_THROWS_WITH_AS(parse_args({"--scale", "1e999"}), "--scale expects a number, got '1e999'",
+                       Error);
+  // A flag takes no value: --causal=false must not turn the mask on.
+  CHECK_THROWS_WITH_AS(parse_args({"--causal=false"}), "--causal takes no value", Error);
+  CHECK(parse_args({"--causal=true"}).problem.causal);  // CLI11's reading of the bare flag
+  // --help wins over everything the parse finds after it, unknown flags too.
+  CHECK(parse_args({"--help", "--bogus"}).mode == Mode::kHelp);
+  CHECK(parse_args({"--bogus", "model", "-h"}).mode == Mode::kHelp);
+  // The usage CLI11 builds lists every option.
+  const std::string usage = flashstep::cli::usage();
+  for (const char* option : {"--B N", "--Nk N", "--causal", "--dtype T", "--load DIR",
+                             "--stage S[,S...]", "--format F", "--overwrite", "-h,--help"}) {
+    CAPTURE(option);
+    CHECK(usage.find(option) != std::string::npos);
+  }
 }
 
 TEST_CASE("cli: JSON output is valid JSON: non-finite numbers are null, strings escaped") {

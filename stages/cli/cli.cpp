@@ -2,15 +2,19 @@
 
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <new>
 #include <optional>
 #include <ostream>
-#include <sstream>
+#include <utility>
 
 #include "common/check.h"
 #include "common/device.h"
@@ -50,45 +54,31 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
-std::int64_t parse_int(const std::string& flag, const std::string& value) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size()) {
+// Numbers as written, in base 10, with the flag's own message: std::from_chars,
+// not CLI11's conversion. CLI11 2.1 (Debian 12's) reads an integer with
+// strtoll in base 0, so "010" is 8 and "0x10" 16, and takes one past INT64_MAX
+// as INT64_MAX without an error (stages/cli/README.md).
+std::int64_t to_int(const std::string& flag, const std::string& value) {
+  std::int64_t v = 0;
+  const char* end = value.data() + value.size();
+  const auto [rest, ec] = std::from_chars(value.data(), end, v);
+  if (ec != std::errc() || rest != end) {
     throw Error(flag + " expects an integer, got '" + value + "'");
   }
   return v;
 }
 
-double parse_double(const std::string& flag, const std::string& value) {
-  std::size_t used = 0;
+double to_double(const std::string& flag, const std::string& value) {
   double v = 0;
-  try {
-    v = std::stod(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size()) {
-    throw Error(flag + " expects a number, got '" + value + "'");
-  }
+  const char* end = value.data() + value.size();
+  const auto [rest, ec] = std::from_chars(value.data(), end, v);
+  if (ec != std::errc() || rest != end) throw Error(flag + " expects a number, got '" + value + "'");
   return v;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, sep)) parts.push_back(item);
-  return parts;
-}
-
-std::vector<const Stage*> selected_stages(const std::string& selectors) {
+std::vector<const Stage*> selected_stages(const std::vector<std::string>& selectors) {
   std::vector<const Stage*> out;
-  for (const std::string& sel : split(selectors, ',')) {
+  for (const std::string& sel : selectors) {
     for (const Stage* s : select_stages(sel)) {
       bool seen = false;
       for (const Stage* o : out) seen = seen || o == s;
@@ -421,54 +411,191 @@ void check_fits(const Problem& p, const std::vector<const Stage*>& stages, const
 
 }  // namespace
 
+namespace {
+
+// CLI11's help layout, with the usage line first, the modes before the
+// options, one blank line between sections (CLI11 leaves two between option
+// groups), and each option shown with its value's name alone (CLI11 adds
+// " ..." to --stage, whose value it splits at commas).
+class UsageFormatter : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string name,
+                        CLI::AppFormatMode mode) const override {
+    std::string help = make_usage(app, name) + "\n" + make_description(app) +
+                       make_subcommands(app, mode) + make_groups(app, mode);
+    for (std::size_t at; (at = help.find("\n\n\n")) != std::string::npos;) help.erase(at, 1);
+    return help;
+  }
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    return opt->get_type_size() == 0 ? std::string() : " " + opt->get_type_name();
+  }
+};
+
+// The command line, as CLI11 reads it into `o`. The modes are subcommands
+// whose options all live on the top level (fallthrough), so options go before
+// or after the mode. Every option's callback checks its value and stores it in
+// `o` as the option is read (trigger_on_parse): a later flag overrides an
+// earlier one (--N 100 --Nk 50 gives Nq = 100, Nk = 50), and a bad value is
+// reported as it is met, by the flashstep::Error the callback throws.
+void define(CLI::App& app, Options& o) {
+  constexpr std::size_t kNameColumn = 22;  // the descriptions start here
+  app.formatter(std::make_shared<UsageFormatter>());
+  app.get_formatter()->column_width(kNameColumn);
+  app.get_formatter()->label("Usage", "usage");
+  app.get_formatter()->label("OPTIONS", "options");
+  app.get_formatter()->label("SUBCOMMAND", "run|model|info");
+  // Left over arguments are reported after the parse, in flashstep's words.
+  app.allow_extras();
+  app.require_subcommand(0, 1);
+  app.set_help_flag();  // added last, below, so it is listed last
+
+  const std::string modes = "modes";
+  for (const auto& [name, help] : std::vector<std::pair<std::string, std::string>>{
+           {"run", "(default) run, check and time the stages on the GPU"},
+           {"model", "print each stage's modelled traffic and FLOPs; no GPU used"},
+           {"info", "print the GPU's name, SM count, clocks, memory, driver and\n"
+                    "CUDA versions (what the benchmarks record beside results)"}}) {
+    // Without a help flag of its own, a mode passes --help to the top level.
+    app.add_subcommand(name, help)->group(modes)->fallthrough()->set_help_flag();
+  }
+
+  std::string group;  // the group of the options added next
+  // An option with a value: `store` checks it and puts it in o.
+  auto value = [&](const std::string& name, const std::string& type, const std::string& help,
+                   std::function<void(const std::string&)> store) {
+    app.add_option_function<std::string>(
+           name,
+           [&o, name, store](const std::string& v) {
+             store(v);
+             o.given.insert(name);
+           },
+           help)
+        ->type_name(type)
+        ->group(group)
+        ->trigger_on_parse();
+  };
+  // A flag: no value, not even --flag=yes (CLI11 would read that as true).
+  auto flag = [&](const std::string& name, const std::string& help, std::function<void()> set) {
+    app.add_flag_callback(
+           name,
+           [&o, name, set] {
+             set();
+             o.given.insert(name);
+           },
+           help)
+        ->check(CLI::Validator(
+            [name](std::string& v) -> std::string {
+              if (v != "true") throw Error(name + " takes no value");
+              return {};
+            },
+            ""))
+        ->group(group)
+        ->trigger_on_parse();
+  };
+  auto count = [](const std::string& name, const std::string& v) -> int {
+    const std::int64_t n = to_int(name, v);
+    if (n < 0 || n > kMaxRepeats) throw Error(name + " must be in 0.." + std::to_string(kMaxRepeats));
+    return static_cast<int>(n);
+  };
+  auto folder = [](const std::string& name, const std::string& v) {
+    if (v.empty()) throw Error(name + " expects a folder, got ''");
+    return v;
+  };
+  Problem& p = o.problem;
+
+  group = "problem (default B=1 H=8 N=1024 d=64, non-causal, scale 1/sqrt(d))";
+  value("--B", "N", "batch", [&p](const std::string& v) { p.B = to_int("--B", v); });
+  value("--H", "N", "heads", [&p](const std::string& v) { p.H = to_int("--H", v); });
+  value("--N", "N", "query and key length (sets --Nq and --Nk)",
+        [&p](const std::string& v) { p.Nq = p.Nk = to_int("--N", v); });
+  value("--Nq", "N", "query length", [&p](const std::string& v) { p.Nq = to_int("--Nq", v); });
+  value("--Nk", "N", "key length", [&p](const std::string& v) { p.Nk = to_int("--Nk", v); });
+  value("--d", "N", "head dimension, 1..256", [&p](const std::string& v) { p.d = to_int("--d", v); });
+  flag("--causal",
+       "causal mask aligned bottom-right: query i sees key j iff\n"
+       "j <= i + Nk - Nq (PyTorch's is_causal is top-left: j <= i)",
+       [&p] { p.causal = true; });
+  value("--scale", "X", "softmax scale", [&p](const std::string& v) { p.scale = to_double("--scale", v); });
+  value("--seed", "N", "seed of the random inputs (default 0)", [&o](const std::string& v) {
+    const std::int64_t seed = to_int("--seed", v);
+    if (seed < 0) throw Error("--seed must be >= 0");
+    o.seed = static_cast<std::uint64_t>(seed);
+  });
+  value("--dtype", "T",
+        "element type of Q, K, V and O: fp32, fp16 or bf16. Without\n"
+        "it each stage runs in its own (first) type, fp32 for 01-06;\n"
+        "with it, selected stages that lack T are skipped (a note\n"
+        "says which). Inputs are drawn or loaded in fp32 and rounded\n"
+        "to T on the way to the GPU; O is checked by FlashAttention's\n"
+        "rule (at most twice the error of naive attention in T);\n"
+        "L stays fp32",
+        [&o](const std::string& t) {
+          if (t != "fp32" && t != "fp16" && t != "bf16") {
+            throw Error("--dtype must be fp32, fp16 or bf16, got '" + t + "'");
+          }
+          o.dtype = parse_dtype(t);
+          o.problem.dtype = *o.dtype;
+        });
+  value("--load", "DIR",
+        "read DIR/Q.npy, K.npy, V.npy ([B,H,N,d], float32 '<f4' or\n"
+        "float16 '<f2', widened exactly); sizes from the files;\n"
+        "with --backward also DIR/dO.npy when present",
+        [&o, folder](const std::string& v) { o.load_dir = folder("--load", v); });
+
+  group = "what to run and print";
+  // Comma-separated, one argument per --stage (CLI11 splits it).
+  app.add_option_function<std::vector<std::string>>(
+         "--stage",
+         [&o](const std::vector<std::string>& v) {
+           o.stages = v;
+           o.given.insert("--stage");
+         },
+         "stage names or numbers (01, 3, 04_fa2_q_outer) or all (default)")
+      ->type_name("S[,S...]")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->group(group)
+      ->trigger_on_parse();
+  value("--warmup", "N", "untimed runs before timing (default 3)",
+        [&o, count](const std::string& v) { o.warmup = count("--warmup", v); });
+  value("--iters", "N",
+        "timed runs; median, p20, p80 reported (default 20);\n"
+        "0 runs each stage once, untimed (for profilers)",
+        [&o, count](const std::string& v) { o.iterations = count("--iters", v); });
+  flag("--backward",
+       "also run, check and time the backward pass (stages that\n"
+       "have one in their type: fp32 today), from the forward's O\n"
+       "and L and a random dO; with model, print the backward's model",
+       [&o] { o.backward = true; });
+  flag("--no-check", "skip the fp64 reference check", [&o] { o.check = false; });
+  value("--format", "F", "table (default), csv or json", [&o](const std::string& f) {
+    if (f == "table") o.format = Format::kTable;
+    else if (f == "csv") o.format = Format::kCsv;
+    else if (f == "json") o.format = Format::kJson;
+    else throw Error("--format must be table, csv or json, got '" + f + "'");
+  });
+  value("--save", "DIR",
+        "write Q, K, V (fp32, as drawn or loaded) and each stage's\n"
+        "O_<stage>.npy, L_<stage>.npy as float32, what the stage\n"
+        "computed (with --backward also dO and dQ_, dK_, dV_<stage>.npy);\n"
+        "needs a GPU; refuses to replace files already in DIR",
+        [&o, folder](const std::string& v) { o.save_dir = folder("--save", v); });
+  flag("--overwrite", "with --save: replace those files", [&o] { o.overwrite = true; });
+  app.set_help_flag("-h,--help", "this text")->group(group);
+}
+
+const char* const kDescription =
+    "Runs every stage on one problem, checks it against the fp64 reference, times\n"
+    "it, and prints it beside its modelled HBM traffic. Without a GPU, prints the\n"
+    "model alone.";
+
+}  // namespace
+
 std::string usage() {
-  return R"(usage: flashstep [run|model|info] [options]
-
-Runs every stage on one problem, checks it against the fp64 reference, times
-it, and prints it beside its modelled HBM traffic. Without a GPU, prints the
-model alone.
-
-  run                 (default) run, check and time the stages on the GPU
-  model               print each stage's modelled traffic and FLOPs; no GPU used
-  info                print the GPU's name, SM count, clocks, memory, driver and
-                      CUDA versions (what the benchmarks record beside results)
-
-problem (default B=1 H=8 N=1024 d=64, non-causal, scale 1/sqrt(d)):
-  --B N, --H N        batch and heads
-  --N N               query and key length (sets --Nq and --Nk)
-  --Nq N, --Nk N      query length, key length
-  --d N               head dimension, 1..256
-  --causal            bottom-right aligned causal mask
-  --scale X           softmax scale
-  --seed N            seed of the random inputs (default 0)
-  --dtype T           element type of Q, K, V and O: fp32, fp16 or bf16. Without
-                      it each stage runs in its own (first) type, fp32 for 01-06;
-                      with it, selected stages that lack T are skipped (a note
-                      says which). Inputs are drawn or loaded in fp32 and rounded
-                      to T on the way to the GPU; O is checked by FlashAttention's
-                      rule (at most twice the error of naive attention in T);
-                      L stays fp32
-  --load DIR          read DIR/Q.npy, K.npy, V.npy ([B,H,N,d], float32 '<f4' or
-                      float16 '<f2', widened exactly); sizes from the files;
-                      with --backward also DIR/dO.npy when present
-
-what to run and print:
-  --stage S[,S...]    stage names or numbers (01, 3, 04_fa2_q_outer) or all (default)
-  --warmup N          untimed runs before timing (default 3)
-  --iters N           timed runs; median, p20, p80 reported (default 20);
-                      0 runs each stage once, untimed (for profilers)
-  --backward          also run, check and time the backward pass (stages that
-                      have one in their type: fp32 today), from the forward's O
-                      and L and a random dO; with model, print the backward's model
-  --no-check          skip the fp64 reference check
-  --format F          table (default), csv or json
-  --save DIR          write Q, K, V (fp32, as drawn or loaded) and each stage's
-                      O_<stage>.npy, L_<stage>.npy as float32, what the stage
-                      computed (with --backward also dO and dQ_, dK_, dV_<stage>.npy);
-                      needs a GPU; refuses to replace files already in DIR
-  --overwrite         with --save: replace those files
-  -h, --help          this text
-)";
+  Options o;
+  CLI::App app(kDescription, "flashstep");
+  define(app, o);
+  return app.help();
 }
 
 Options parse_args(const std::vector<std::string>& args) {
@@ -476,77 +603,26 @@ Options parse_args(const std::vector<std::string>& args) {
   o.problem.H = kDefaultHeads;
   o.problem.Nq = o.problem.Nk = kDefaultSeqLen;
   o.problem.d = kDefaultHeadDim;
-  for (size_t k = 0; k < args.size(); ++k) {
-    std::string flag = args[k];
-    std::optional<std::string> inline_value;
-    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (k + 1 >= args.size()) throw Error(flag + " expects a value");
-      return args[++k];
-    };
-    auto no_value = [&] {
-      if (inline_value) throw Error(flag + " takes no value");
-    };
-    Problem& p = o.problem;
-    if (k == 0 && flag == "run") o.mode = Mode::kRun;
-    else if (k == 0 && flag == "model") o.mode = Mode::kModel;
-    else if (k == 0 && flag == "info") o.mode = Mode::kInfo;
-    else if (flag == "-h" || flag == "--help") o.mode = Mode::kHelp;
-    else if (flag == "--B") p.B = parse_int(flag, value());
-    else if (flag == "--H") p.H = parse_int(flag, value());
-    else if (flag == "--N") p.Nq = p.Nk = parse_int(flag, value());
-    else if (flag == "--Nq") p.Nq = parse_int(flag, value());
-    else if (flag == "--Nk") p.Nk = parse_int(flag, value());
-    else if (flag == "--d") p.d = parse_int(flag, value());
-    else if (flag == "--causal") { no_value(); p.causal = true; }
-    else if (flag == "--scale") p.scale = parse_double(flag, value());
-    else if (flag == "--seed") {
-      const std::int64_t seed = parse_int(flag, value());
-      if (seed < 0) throw Error("--seed must be >= 0");
-      o.seed = static_cast<std::uint64_t>(seed);
-    }
-    else if (flag == "--dtype") {
-      const std::string t = value();
-      if (t != "fp32" && t != "fp16" && t != "bf16") {
-        throw Error("--dtype must be fp32, fp16 or bf16, got '" + t + "'");
-      }
-      o.dtype = parse_dtype(t);
-      p.dtype = *o.dtype;
-    }
-    else if (flag == "--stage") o.stages = value();
-    else if (flag == "--warmup") {
-      const std::int64_t w = parse_int(flag, value());
-      if (w < 0 || w > kMaxRepeats) throw Error("--warmup must be in 0.." + std::to_string(kMaxRepeats));
-      o.warmup = static_cast<int>(w);
-    }
-    else if (flag == "--iters") {
-      const std::int64_t n = parse_int(flag, value());
-      if (n < 0 || n > kMaxRepeats) throw Error("--iters must be in 0.." + std::to_string(kMaxRepeats));
-      o.iterations = static_cast<int>(n);
-    }
-    else if (flag == "--no-check") { no_value(); o.check = false; }
-    else if (flag == "--backward") { no_value(); o.backward = true; }
-    else if (flag == "--format") {
-      const std::string f = value();
-      if (f == "table") o.format = Format::kTable;
-      else if (f == "csv") o.format = Format::kCsv;
-      else if (f == "json") o.format = Format::kJson;
-      else throw Error("--format must be table, csv or json, got '" + f + "'");
-    }
-    else if (flag == "--load" || flag == "--save") {
-      std::string& dir = flag == "--load" ? o.load_dir : o.save_dir;
-      dir = value();
-      if (dir.empty()) throw Error(flag + " expects a folder, got ''");
-    }
-    else if (flag == "--overwrite") { no_value(); o.overwrite = true; }
-    else throw Error("unknown argument '" + args[k] + "'");
-    if (flag.rfind("--", 0) == 0) o.given.insert(flag);
+  CLI::App app(kDescription, "flashstep");
+  define(app, o);
+  try {
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them reversed
+  } catch (const CLI::CallForHelp&) {
+    o.mode = Mode::kHelp;
+    return o;  // --help needs nothing else to be right
+  } catch (const CLI::ArgumentMismatch&) {
+    // The one mismatch these options can meet: the last argument is an
+    // option that needs a value (as --N or --N=).
+    const std::string& last = args.back();
+    throw Error(last.substr(0, last.find('=')) + " expects a value");
+  } catch (const CLI::ParseError& e) {
+    throw Error(e.what());  // none expected; still one line
   }
-  if (o.mode == Mode::kHelp) return o;  // --help needs nothing else to be right
+  if (const std::vector<std::string> extra = app.remaining(true); !extra.empty()) {
+    throw Error("unknown argument '" + extra.front() + "'");
+  }
+  if (app.got_subcommand("model")) o.mode = Mode::kModel;
+  if (app.got_subcommand("info")) o.mode = Mode::kInfo;
   validate(o.problem);
   // An unknown stage, a --dtype no selected stage runs in, and --backward with
   // no backward to run are usage errors, found before any work.

@@ -29,7 +29,7 @@ enum class Mode {
 struct Options {
   Mode mode = Mode::kRun;
   Problem problem;             ///< default B=1, H=8, N=1024, d=64, non-causal; dtype: --dtype's
-  std::string stages = "all";  ///< comma-separated selectors (see select_stages)
+  std::vector<std::string> stages = {"all"};  ///< --stage's selectors (see select_stages)
   /// --dtype: every selected stage that runs in this type runs in it, the
   /// others are skipped (with a note); unset: each stage in its native type.
   std::optional<DType> dtype;
