@@ -10,7 +10,9 @@ The rules are the C++ project's (stages/common/check.h):
   S and softmax in fp32, P and O rounded); each gradient likewise against the
   naive backward in that type (reference.naive_low_precision_backward: the
   same formulas untiled, P, O and dS rounded where a 16-bit kernel rounds
-  them), plus 1e-4. L stays float32 in every type and keeps the float32 bound.
+  them), plus 1e-4, plus where dS = P o (dP - D) cancels the fp32 rounding
+  a correct kernel carries there (reference.cancellation_floors). L stays
+  float32 in every type and keeps the float32 bound.
 
 Plus the contract's rules: no NaN; a row that sees no key has O = 0,
 L = -inf and zero dQ; a row that sees keys has a finite L. Every failure
@@ -77,9 +79,10 @@ class Truth:
             self.o_bound = 2 * float((naive - self.O).abs().max()) + R.LOW_PRECISION_FLOOR
             if backward:
                 naive = R.naive_low_precision_backward(q, k, v, do, causal, scale, causal_align)
+                floors = R.cancellation_floors(q, k, v, do, causal, scale, causal_align)
                 self.grad_bounds = [2 * float((x.double() - g).abs().max())
-                                    + R.LOW_PRECISION_GRAD_FLOOR
-                                    for x, g in zip(naive, self.grads)]
+                                    + R.LOW_PRECISION_GRAD_FLOOR + floor
+                                    for x, g, floor in zip(naive, self.grads, floors)]
 
 
 def _rows_text(bad_rows, n_rows):

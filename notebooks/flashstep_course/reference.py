@@ -101,6 +101,39 @@ def reference_backward(q, k, v, do, causal=False, scale=None, causal_align="bott
     return scale * (dS @ k64), scale * (dS.transpose(-1, -2) @ q64), dV
 
 
+def cancellation_floors(q, k, v, do, causal=False, scale=None, causal_align="bottom_right"):
+    """(dQ, dK, dV) floors of the gradients' low-precision rule: the fp32
+    rounding a correct kernel may carry where dS = P o (dP - D) cancels.
+
+    dP_ij = dO_i . V_j and D_i = dO_i . O_i are d-term fp32 dot products, each
+    off by about sqrt(d) u times the sum of its terms' sizes (u = 2^-24, the
+    sqrt for errors of random sign; tensor cores and a separate D kernel sum
+    in other orders than a naive backward does). Where the two nearly cancel,
+    as they do exactly when a row sees one key (P = 1, O = V, dS = 0), that
+    rounding is all dS holds, and dQ = scale dS K and dK = scale dS^T Q carry it
+    through the same sums as the gradients themselves. Summed with absolute
+    values, per gradient element, and its largest taken:
+
+        M_ij    = P_ij (|dO_i| . |V_j| + |dO_i| . |O_i|)
+        floor_dQ = sqrt(d) u max_i scale (M |K|)_i,  floor_dK likewise with M^T |Q|
+
+    dV = P^T dO subtracts nothing: its floor is 0. On problems where dS does
+    not cancel, these floors are ~1e-5 of the naive 16-bit error, so the rule
+    is as strict as before; on a one-key row they are what separates a correct
+    kernel's fp32 noise (seen on an H200: 2e-4 and 3e-4 in dK at Nk = 1,
+    d = 256) from a wrong one, whose dS is off by |dP| itself."""
+    q64, k64, v64, do64 = q.double(), k.double(), v.double(), do.double()
+    d = q.shape[-1]
+    scale = softmax_scale(d, scale)
+    mask = visible_mask(q.shape[-2], k.shape[-2], causal, causal_align, q.device)
+    P, _ = _masked_softmax(scale * (q64 @ k64.transpose(-1, -2)), mask)
+    O = P @ v64
+    M = P * (do64.abs() @ v64.abs().transpose(-1, -2) + (do64.abs() * O.abs()).sum(-1, keepdim=True))
+    rounding = math.sqrt(d) * 2.0 ** -24
+    return (rounding * scale * float((M @ k64.abs()).max()),
+            rounding * scale * float((M.transpose(-1, -2) @ q64.abs()).max()), 0.0)
+
+
 def reference_forward_rows(q, k, v, rows, causal=False, scale=None, causal_align="bottom_right"):
     """fp64 (O, L) of the query rows `rows` (a 1-D index tensor) only: O [..., R, d],
     L [..., R]; for spot checks of problems whose N x N would not fit."""
