@@ -26,6 +26,8 @@
 #   tiles     tiles.py          -> tiles.csv    (stage 07 at other tile shapes, d = 64/128/256)
 #   causal    causal.py         -> causal.csv   (stages 03-06 with tile skipping, then
 #             diagonal-only masking, switched off in turn; d = 64/128, N = 512..16k)
+#   splitq    split_q_profile.py -> split_q_profile.csv (ncu on stage 05 and 06 split-Q at
+#             N = 4096, d = 64: why split-Q is slower there; skipped without ncu)
 #   ablation  ablation.py       -> ablation.csv (ncu on each step of stage 07's ladder and on
 #             FlashAttention-2's kernel; skipped without ncu, kept old if no counters)
 #   tables    tables.py         -> the README tables
@@ -49,7 +51,7 @@
 #   bash tests/bench/run_all.sh /tmp/c build ablation long                 # ~8 min
 #   bash tests/bench/run_all.sh /tmp/d build traffic                       # ~5-8 min
 #   bash tests/bench/run_all.sh /tmp/e build backward                      # see its log
-#   bash tests/bench/run_all.sh /tmp/f build causal                        # ~5 min
+#   bash tests/bench/run_all.sh /tmp/f build causal splitq                 # ~6 min
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
@@ -62,7 +64,8 @@
 # CAUSAL_ARGS (flags for flashstep_causal, e.g. "--d 64 --N 4096"),
 # ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64").
 set -uo pipefail
-all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal ablation tables plots)
+all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal splitq ablation
+           tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -218,6 +221,19 @@ for s in "${steps[@]}"; do
       step causal "$py" tests/bench/causal.py --out "$log/causal.csv" \
         --causal "$build/tests/bench/flashstep_causal" -- "${causal_args[@]}"
       record causal causal.csv
+      ;;
+    splitq)
+      if ! command -v ncu >/dev/null; then
+        say "splitq: skipped, no ncu on PATH; $results/split_q_profile.csv left as it was"
+        continue
+      fi
+      step splitq "$py" tests/bench/split_q_profile.py --flashstep "$exe" \
+        --out "$log/split_q_profile.csv"
+      if has_counters "$log/split_q_profile.csv" duration_ns; then
+        record splitq split_q_profile.csv
+      else
+        say "splitq: skipped, ncu read no counters here (see $log/split_q_profile.csv); $results/split_q_profile.csv left as it was"
+      fi
       ;;
     ablation)
       if ! command -v ncu >/dev/null; then

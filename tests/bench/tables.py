@@ -15,7 +15,9 @@ in docs/assignments/07_pytorch_triton.md (course_tables.py). The fp32
 peers become extra rows of the forward tables. docs/results/causal.csv
 (causal.py: stages 03-06 with tile skipping and diagonal-only masking switched
 off in turn) fills <!-- results:causal:begin/end --> in README.md and in the
-READMEs of stages 03-06; until it is recorded, those say so.
+READMEs of stages 03-06; until it is recorded, those say so. And
+docs/results/split_q_profile.csv (split_q_profile.py: ncu on stage 05 and 06
+split-Q) fills <!-- results:split_q_profile:begin/end --> in stage 06's README.
 
 Stage 07 (tensor cores, 16 bits) has CSVs of its own: forward16.csv (sweep.py
 --dtype bf16 / fp16: stage 07's ladder and stages 02, 03 in 16 bits),
@@ -814,6 +816,73 @@ def causal_body(rows, stages=None):
             f"![Time with skipping or diagonal-only masking off over time with both on]({plot})\n")
 
 
+# ------------------------------------------------------------------ 05 against 06 split-Q
+
+# split_q_profile.csv's columns in stage 06's table: (column, label, how to show it).
+SPLIT_Q_ROWS = [
+    ("duration_ns", "time under ncu, ms", "ms"), ("registers", "registers per thread", "int"),
+    ("smem_per_block", "shared memory per block, KiB", "kib"),
+    ("blocks_limit_registers", "blocks per SM allowed by registers", "int"),
+    ("blocks_limit_smem", "blocks per SM allowed by shared memory", "int"),
+    ("occupancy_theoretical_pct", "theoretical occupancy, %", "f1"),
+    ("occupancy_pct", "achieved occupancy, %", "f1"),
+    ("warps_active_per_scheduler", "active warps per scheduler", "f2"),
+    ("warps_eligible_per_scheduler", "eligible warps per scheduler", "f2"),
+    ("issue_active_pct", "issue slots busy, %", "f1"),
+    ("no_issue_pct", "cycles with no issue, %", "f1"), ("ipc", "IPC (warp instr. per cycle)", "f2"),
+    ("instructions", "warp instructions", "count"),
+    ("ffma_thread_inst", "FFMA (thread instructions)", "count"),
+    ("shared_ld_inst", "shared loads (warp instructions)", "count"),
+    ("fma_pipe_pct", "FMA pipe busy, %", "f1"),
+    ("smem_ld_wavefronts", "shared-load wavefronts", "count"),
+    ("smem_ld_conflicts", "bank conflicts, shared loads", "count"),
+    ("smem_st_conflicts", "bank conflicts, shared stores", "count"),
+    ("local_ld_bytes", "local (spill) bytes loaded", "count"),
+] + [(f"stall_{s}", f"stall: {s.replace('_', ' ')}, cycles per issue", "f2")
+     for s in ("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle",
+               "mio_throttle", "not_selected", "dispatch_stall", "no_instruction",
+               "branch_resolving", "lg_throttle")]
+
+
+def show_counter(v, how):
+    if v in ("", None):
+        return "–"
+    x = float(v)
+    return {"ms": f"{x / 1e6:.3g}", "int": f"{x:.0f}", "kib": f"{x / 1024:.1f}",
+            "f1": f"{x:.1f}", "f2": f"{x:.2f}", "count": count(x)}[how]
+
+
+def split_q_profile_body(rows):
+    """stages/06_warp_split/README.md's <!-- results:split_q_profile -->: stage 05 and
+    split-Q side by side under ncu (split_q_profile.py), with split-Q over 05."""
+    if not rows:
+        return ("_Not profiled yet; on a GPU, `python3 tests/bench/split_q_profile.py "
+                "--flashstep build/stages/cli/flashstep --out docs/results/split_q_profile.csv` "
+                "records it, then `python3 tests/bench/tables.py`._\n")
+    out = []
+    for d in sorted({int(r["d"]) for r in rows}):
+        mine = [r for r in rows if int(r["d"]) == d]
+        a = next((r for r in mine if r["stage"] == "05_sequence_parallel"), None)
+        b = next((r for r in mine if r["stage"] == "06_warp_split_q"), None)
+        r0 = mine[0]
+        lines = [f"**d = {d}**, N = {r0['N']}, B = {r0['B']}, H = {r0['H']}, non-causal, one run "
+                 "each under `ncu --clock-control none`:", "",
+                 "| counter | 05_sequence_parallel | 06_warp_split_q | 06 ÷ 05 |",
+                 "| --- | ---: | ---: | ---: |"]
+        for column, label, how in SPLIT_Q_ROWS:
+            va, vb = (a or {}).get(column, ""), (b or {}).get(column, "")
+            if not va and not vb:
+                continue
+            ratio = (f"{float(vb) / float(va):.2f}" if va and vb and float(va) != 0 else "–")
+            lines.append(f"| {label} | {show_counter(va, how)} | {show_counter(vb, how)} | "
+                         f"{ratio} |")
+        notes = [f"{r['stage']}: {r['note']}" for r in mine if r.get("note")]
+        if notes:
+            lines += ["", "_" + "; ".join(notes) + "._"]
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out) + "\n" + provenance(rows, "split_q_profile.csv") + "\n"
+
+
 def replace_between(text, tag, body):
     pattern = re.compile(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", re.S)
     if not pattern.search(text):
@@ -853,7 +922,7 @@ def main():
                     if traffic32 else "")
     body_backward = backward_body()
     body_tc = tensor_core_body(rows16, peers, ceilings)
-    causal = read("causal.csv")
+    causal, split_q_profile = read("causal.csv"), read("split_q_profile.csv")
     edits[readme] = [("results:causal", causal_body(causal)),
                      ("results:forward", body_fwd), ("results:traffic", body_traffic),
                      ("results:long", long_table(fp32_only(read("long.csv")))),
@@ -885,7 +954,8 @@ def main():
         edits[path] = [("results", "\n".join(parts) + ("\n" if parts else "")),
                        ("results:forward", body_fwd), ("results:backward", body_backward),
                        ("results:causal", causal_body(causal, [s for s in CAUSAL_STAGES
-                                                               if s.startswith(folder[:3])]))]
+                                                               if s.startswith(folder[:3])])),
+                       ("results:split_q_profile", split_q_profile_body(split_q_profile))]
 
     # The course track's benchmark (course_bench.py) in its assignment page.
     from course_tables import course_edits
