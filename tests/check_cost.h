@@ -19,6 +19,7 @@ inline void check_counts_equal(const Cost& counted, const Cost& model) {
   CHECK(counted.thread_blocks == model.thread_blocks);
   CHECK(counted.skipped_tiles == model.skipped_tiles);
   CHECK(counted.barriers == model.barriers);
+  CHECK(counted.mask_tests == model.mask_tests);
 }
 
 }  // namespace flashstep::test

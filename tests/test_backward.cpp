@@ -114,3 +114,21 @@ TEST_CASE("backward mirrors match the fp64 gradients and count exactly what thei
   }
   CHECK(mirrors >= 1);  // stage 05's Algorithm 2
 }
+
+TEST_CASE("stage 05's backward tests the mask only in the tiles on the diagonal: counts by hand") {
+  const Stage* s05 = nullptr;
+  for (const Stage& s : flashstep::all_stages()) {
+    if (s.name == "05_sequence_parallel") s05 = &s;
+  }
+  REQUIRE(s05 != nullptr);
+  // One head, Nq = Nk = 256, Br = 32 query rows per inner step. d = 64: K/V
+  // blocks of 64 keys, each crossed by the diagonal in 2 Q tiles of 32 rows
+  // (the Q tiles below see it whole, those above are skipped).
+  CHECK(s05->backward_model(make_problem(1, 1, 256, 256, 64, true)).mask_tests == 4 * 2 * 32 * 64);
+  // d = 128: K/V blocks of 32 keys, each crossed in one Q tile.
+  CHECK(s05->backward_model(make_problem(1, 1, 256, 256, 128, true)).mask_tests == 8 * 32 * 32);
+  // Non-causal in whole tiles: none; Nq = 250: the ragged last Q tile (26
+  // rows) is tested against every K/V block, all 256 keys.
+  CHECK(s05->backward_model(make_problem(1, 1, 256, 256, 64, false)).mask_tests == 0);
+  CHECK(s05->backward_model(make_problem(1, 1, 250, 256, 64, false)).mask_tests == 26 * 256);
+}

@@ -91,6 +91,7 @@ void check_equal(const Cost& got, const Cost& want) {
   CHECK(got.thread_blocks == want.thread_blocks);
   CHECK(got.skipped_tiles == want.skipped_tiles);
   CHECK(got.barriers == want.barriers);
+  CHECK(got.mask_tests == want.mask_tests);
 }
 
 }  // namespace

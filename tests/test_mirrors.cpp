@@ -17,9 +17,13 @@
 #include "common/reference.h"
 #include "common/rounding.h"
 #include "common/stage.h"
+#include "common/tile_mask.h"
+#include "03_fa1_kv_outer/fa1_kv_outer.h"
+#include "04_fa2_q_outer/fa2_q_outer.h"
 #include "check_cost.h"
 #include "shapes.h"
 
+using flashstep::CausalMode;
 using flashstep::Cost;
 using flashstep::DType;
 using flashstep::Problem;
@@ -408,4 +412,125 @@ TEST_CASE("stage 07: 32 rows a warp halve K and V's fragment reads, and their HB
     CHECK(step5.hbm_read_bytes - q == (step4.hbm_read_bytes - q) / 2);
     CHECK(step5.hbm_write_bytes == step4.hbm_write_bytes);
   }
+}
+
+// Causal masking, FlashAttention-2's lesson (common/tile_mask.h): skip the
+// tiles above the diagonal, test the mask only in the tiles that cross it.
+
+namespace {
+
+// Problems with every kind of tile: several Q and K/V blocks, Nq != Nk both
+// ways, rows that see no key (causal, Nq > Nk), ragged ends, and a square one.
+std::vector<Problem> mask_problems() {
+  std::vector<Problem> out;
+  for (const Problem& p : flashstep::test::ragged_problems()) {
+    if (p.Nq * p.Nk <= 256 * 256) out.push_back(p);
+  }
+  for (bool causal : {false, true}) {
+    out.push_back(make_problem(1, 2, 300, 290, 64, causal));
+    out.push_back(make_problem(2, 1, 200, 70, 40, causal));
+    out.push_back(make_problem(1, 1, 70, 300, 59, causal));
+    out.push_back(make_problem(1, 1, 256, 256, 16, causal));
+  }
+  return out;
+}
+
+MirrorRun run_mode(Cost (*mirror)(const Problem&, const flashstep::HostTensors&, CausalMode),
+                   const Problem& p, const flashstep::Inputs& in, CausalMode mode) {
+  MirrorRun run;
+  run.O.assign(static_cast<size_t>(p.q_elems()), NAN);
+  run.L.assign(static_cast<size_t>(p.lse_elems()), NAN);
+  run.counted = mirror(p, {in.Q.data(), in.K.data(), in.V.data(), run.O.data(), run.L.data()},
+                       mode);
+  return run;
+}
+
+// Scores a forward computes: its matmul FLOPs are 4 d per score (Qi Kj^T and P~ Vj).
+std::int64_t scores(const Cost& c, const Problem& p) { return c.matmul_flops / (4 * p.d); }
+
+}  // namespace
+
+TEST_CASE("stage 04 in each causal mode: the same O and L bit for bit, the counts of fa2::model") {
+  namespace s04 = flashstep::fa2_q_outer;
+  std::uint64_t seed = 4000;
+  for (const Problem& p : mask_problems()) {
+    CAPTURE(p.describe());
+    const auto in = flashstep::random_inputs(p, seed++);
+    const MirrorRun fast = run_mode(s04::mirror, p, in, CausalMode::kFast);
+    check_outputs(stage_named("04_fa2_q_outer"), p, flashstep::forward_truth(p, in), fast);
+    std::map<CausalMode, Cost> counted;
+    for (CausalMode mode : {CausalMode::kFast, CausalMode::kNoSkip, CausalMode::kMaskEvery}) {
+      CAPTURE(static_cast<int>(mode));
+      const MirrorRun run = run_mode(s04::mirror, p, in, mode);
+      CHECK(same_bits(run.O, fast.O));
+      CHECK(same_bits(run.L, fast.L));
+      flashstep::test::check_counts_equal(run.counted, flashstep::fa2::model(p, p.heads(), mode));
+      counted[mode] = run.counted;
+    }
+    const Cost& f = counted[CausalMode::kFast];
+    const Cost& no_skip = counted[CausalMode::kNoSkip];
+    const Cost& every = counted[CausalMode::kMaskEvery];
+    // Skipping off visits every tile: the whole Nq x Nk, nothing skipped.
+    CHECK(no_skip.skipped_tiles == 0);
+    CHECK(scores(no_skip, p) == p.score_elems());
+    // Masking every tile tests every score it computes, and skips what kFast skips.
+    CHECK(every.mask_tests == scores(every, p));
+    CHECK(every.skipped_tiles == f.skipped_tiles);
+    // kFast tests only some of its scores: none at all when no tile crosses
+    // the diagonal or an end (a non-causal problem in whole tiles).
+    CHECK(f.mask_tests <= every.mask_tests);
+    const bool whole_tiles = p.Nq % flashstep::fa2::kBr == 0 && p.Nk % flashstep::fa2::kBc == 0;
+    if (!p.causal && whole_tiles) CHECK(f.mask_tests == 0);
+    // Causal with two Q blocks and two K/V blocks or more: some block lies
+    // wholly below the diagonal and goes untested.
+    const bool below = p.Nq >= 2 * flashstep::fa2::kBr && p.Nk >= 2 * flashstep::fa2::kBc;
+    if (p.causal && below) CHECK(f.mask_tests < every.mask_tests);
+  }
+}
+
+TEST_CASE("stage 03 masking every tile as FlashAttention-1 does: the same O and L bit for bit") {
+  namespace s03 = flashstep::fa1_kv_outer;
+  std::uint64_t seed = 3000;
+  for (const Problem& p : mask_problems()) {
+    CAPTURE(p.describe());
+    const auto in = flashstep::random_inputs(p, seed++);
+    const MirrorRun fast = run_mode(s03::mirror, p, in, CausalMode::kFast);
+    flashstep::test::check_counts_equal(fast.counted, s03::model(p));
+    for (CausalMode mode : {CausalMode::kNoSkip, CausalMode::kMaskEvery}) {
+      CAPTURE(static_cast<int>(mode));
+      const MirrorRun run = run_mode(s03::mirror, p, in, mode);
+      CHECK(same_bits(run.O, fast.O));
+      CHECK(same_bits(run.L, fast.L));
+      // FlashAttention-1 visits every tile: only the mask tests differ.
+      Cost rest = run.counted;
+      rest.mask_tests = fast.counted.mask_tests;
+      CHECK(rest == fast.counted);
+      const std::int64_t tests = mode == CausalMode::kMaskEvery ? p.score_elems()
+                                                                 : fast.counted.mask_tests;
+      CHECK(run.counted.mask_tests == tests);
+    }
+  }
+}
+
+TEST_CASE("mask tests by hand: one head, Nq = Nk = 256, 64 x 64 tiles (stages 03, 04, 05)") {
+  // Causal and square: of the 4 x 4 tiles, the 4 on the diagonal are tested
+  // (64 x 64 scores each), the 6 below it are not, the 6 above are skipped
+  // (stage 04) or visited and tested whole (stage 03, or skipping off).
+  const Problem causal = make_problem(1, 1, 256, 256, 64, true);
+  const Cost c04 = stage_named("04_fa2_q_outer").model(causal);
+  CHECK(c04.skipped_tiles == 6);
+  CHECK(c04.mask_tests == 4 * 64 * 64);
+  CHECK(stage_named("05_sequence_parallel").model(causal).mask_tests == 4 * 64 * 64);
+  CHECK(stage_named("03_fa1_kv_outer").model(causal).mask_tests == (4 + 6) * 64 * 64);
+  CHECK(flashstep::fa2::model(causal, 1, CausalMode::kNoSkip).mask_tests == (4 + 6) * 64 * 64);
+  CHECK(flashstep::fa2::model(causal, 1, CausalMode::kMaskEvery).mask_tests == 10 * 64 * 64);
+  // Non-causal in whole tiles: nothing to test. With Nk = 200, each Q block's
+  // last K/V block holds 200 - 3 * 64 = 8 keys and 56 of padding: tested.
+  CHECK(stage_named("04_fa2_q_outer").model(make_problem(1, 1, 256, 256, 64, false)).mask_tests ==
+        0);
+  CHECK(stage_named("04_fa2_q_outer").model(make_problem(1, 1, 256, 200, 64, false)).mask_tests ==
+        256 * 8);
+  // Split-Q classifies the 16 rows of each warp (Bc = 64 at d = 64): each of
+  // the 16 warp slices of 256 rows crosses the diagonal in one K/V tile.
+  CHECK(stage_named("06_warp_split_q").model(causal).mask_tests == 16 * 16 * 64);
 }

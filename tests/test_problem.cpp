@@ -90,7 +90,8 @@ TEST_CASE("validate's bound keeps every model's counts in int64: none negative a
         for (const flashstep::Cost& c : costs) {
           for (std::int64_t field : {c.hbm_read_bytes, c.hbm_write_bytes, c.sram_read_bytes,
                                      c.sram_write_bytes, c.matmul_flops, c.nonmatmul_flops,
-                                     c.thread_blocks, c.skipped_tiles, c.barriers}) {
+                                     c.thread_blocks, c.skipped_tiles, c.barriers,
+                                     c.mask_tests}) {
             CHECK(field >= 0);
           }
           CHECK(c.hbm_bytes() >= 0);

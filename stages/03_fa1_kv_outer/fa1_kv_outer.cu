@@ -15,8 +15,9 @@
 // step: O is read and written Tc times. Stage 04 swaps the loops and removes it.
 //
 // One thread block per (batch, head), as in the paper. Like the paper, every
-// (i, j) tile is computed and masked, even where the causal mask hides all of it
-// (stage 04 skips those).
+// (i, j) tile is computed, even where the causal mask hides all of it (stage 04
+// skips those); the per-score mask test runs only in the tiles the rows do not
+// all see whole (FlashAttention-2's other half of the lesson, common/tile_mask.h).
 //
 // Element types: Q, K, V and O are fp32, fp16 or bf16 (the Elem template
 // parameter); tiles in shared memory and every sum are fp32. The running O_i
@@ -35,6 +36,7 @@
 #include "common/element.cuh"
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
+#include "common/tile_mask.h"
 #include "fa1_kv_outer.h"
 
 namespace flashstep::fa1_kv_outer {
@@ -228,6 +230,8 @@ __device__ void pv_product(const float* P_ij,  // [Br][kScoreStride], shared
 
 // One thread block per (batch, head): Algorithm 1 of the FlashAttention paper.
 // In fp32, O_acc is O itself, so neither of the two is __restrict__.
+// mask_every: test every score of every tile (CausalMode::kMaskEvery, the
+// benchmark's ablation), not only those of the tiles that need it.
 template <int D, typename Elem>
 __global__ void __launch_bounds__(kThreads)
     fa1_kv_outer_kernel(const Elem* __restrict__ Q,  // [BH, Nq, d]
@@ -239,7 +243,7 @@ __global__ void __launch_bounds__(kThreads)
                         float* __restrict__ l,       // [BH, Nq] running row sums (workspace)
                         float* __restrict__ m,       // [BH, Nq] running row maxima (workspace)
                         std::int64_t BH, int Nq, int Nk, int d, float scale, bool causal,
-                        bool vec4) {
+                        bool vec4, bool mask_every) {
   using T = Tiles<D>;
   extern __shared__ float4 shared[];  // float4: 16-byte alignment for the vector accesses
   float* Qi = reinterpret_cast<float*>(shared);  // [Br][kStride]
@@ -322,19 +326,29 @@ __global__ void __launch_bounds__(kThreads)
           m_i[a] = r < rows ? mh[q] : -INFINITY;
         }
 
-        // Line 9: S_ij = scale Qi Kj^T, -inf where the key is padding or masked.
+        // Line 9: S_ij = scale Qi Kj^T, -inf where the key is padding or masked,
+        // tested one by one only in a tile the rows do not all see whole
+        // (FlashAttention-2's lesson, common/tile_mask.h; FA1 tests them all).
         float S_ij[T::kRows][T::kCols];
         qk_product<D>(Qi, Kj, tx, ty, S_ij);
-        // Key j0 + c is visible to query i0 + r iff c - r <= diagonal.
-        const std::int64_t diagonal = static_cast<std::int64_t>(i0) - j0 + causal_shift;
+        if (mask_every || tile_mask({Nq, Nk, causal}, i0, T::Br, j0, T::Bc) != TileMask::kNone) {
+          // Key j0 + c is visible to query i0 + r iff c - r <= diagonal.
+          const std::int64_t diagonal = static_cast<std::int64_t>(i0) - j0 + causal_shift;
 #pragma unroll
-        for (int a = 0; a < T::kRows; ++a) {
-          const int r = ty + kGridRows * a;
+          for (int a = 0; a < T::kRows; ++a) {
+            const int r = ty + kGridRows * a;
 #pragma unroll
-          for (int b = 0; b < T::kCols; ++b) {
-            const int c = tx + kGridCols * b;
-            const bool visible = c < cols && (!causal || c - r <= diagonal);
-            S_ij[a][b] = visible ? S_ij[a][b] * scale : -INFINITY;
+            for (int b = 0; b < T::kCols; ++b) {
+              const int c = tx + kGridCols * b;
+              const bool visible = c < cols && (!causal || c - r <= diagonal);
+              S_ij[a][b] = visible ? S_ij[a][b] * scale : -INFINITY;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int a = 0; a < T::kRows; ++a) {
+#pragma unroll
+            for (int b = 0; b < T::kCols; ++b) S_ij[a][b] *= scale;
           }
         }
 
@@ -422,19 +436,24 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int D, typename Elem>
 void launch(const Problem& p, const ForwardTensors& t, float* O_acc, float* l, float* m,
-            bool vec4, Stream stream) {
+            bool vec4, CausalMode mode, Stream stream) {
   const auto grid = static_cast<unsigned>(launched_blocks(p));
   launch_with_smem(fa1_kv_outer_kernel<D, Elem>, grid, kThreads, Tiles<D>::kSharedBytes, stream,
                    "stage 03 fa1_kv_outer_kernel", static_cast<const Elem*>(t.Q),
                    static_cast<const Elem*>(t.K), static_cast<const Elem*>(t.V),
                    static_cast<Elem*>(t.O), O_acc, t.L, l, m, p.heads(), static_cast<int>(p.Nq),
                    static_cast<int>(p.Nk), static_cast<int>(p.d),
-                   static_cast<float>(p.softmax_scale()), p.causal, vec4);
+                   static_cast<float>(p.softmax_scale()), p.causal, vec4,
+                   mode == CausalMode::kMaskEvery);
 }
 
 }  // namespace
 
 void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
+  forward(p, t, stream, CausalMode::kFast);
+}
+
+void forward(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L || !t.workspace) {
     throw Error("stage 03: null tensor pointer");
@@ -450,9 +469,9 @@ void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   with_element_type(p.dtype, [&](auto elem) {
     using Elem = decltype(elem);
     switch (head_dim_bucket(p.d)) {  // one instance per head_dim_bucket value (common/problem.h)
-      case 64: launch<64, Elem>(p, t, O_acc, l, m, vec4, stream); break;
-      case 128: launch<128, Elem>(p, t, O_acc, l, m, vec4, stream); break;
-      default: launch<256, Elem>(p, t, O_acc, l, m, vec4, stream); break;
+      case 64: launch<64, Elem>(p, t, O_acc, l, m, vec4, mode, stream); break;
+      case 128: launch<128, Elem>(p, t, O_acc, l, m, vec4, mode, stream); break;
+      default: launch<256, Elem>(p, t, O_acc, l, m, vec4, mode, stream); break;
     }
   });
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/stage.h"
+#include "common/tile_mask.h"
 
 namespace flashstep::fa1_kv_outer {
 
@@ -49,6 +50,10 @@ inline std::int64_t launched_blocks(const Problem& p) {
 /// and m travel in fp32 in every type. Needs t.L and workspace_bytes(p) of
 /// workspace.
 void forward(const Problem& p, const ForwardTensors& t, Stream stream);
+/// The same in a causal mode (common/tile_mask.h), for the benchmark's
+/// ablation: kMaskEvery tests every score as FlashAttention-1 does; kNoSkip is
+/// kFast here (FlashAttention-1 visits every tile). Same O and L bit for bit.
+void forward(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode);
 
 /// The workspace: in fp16 and bf16 first O_acc [B, H, Nq, d], the running O_i
 /// in fp32 (in fp32 O itself holds it); then the running statistics l and m,
@@ -65,6 +70,8 @@ Cost model(const Problem& p);
 /// Algorithm 1 on the host with the kernel's loops and tiles, counting every
 /// element that crosses HBM <-> SRAM, every shared-memory access and every FLOP.
 Cost mirror(const Problem& p, const HostTensors& t);
+/// The same in a causal mode, as the kernel runs it.
+Cost mirror(const Problem& p, const HostTensors& t, CausalMode mode);
 
 }  // namespace flashstep::fa1_kv_outer
 

@@ -9,6 +9,9 @@
 // of Chip's, so the Cost returned is what these loops did. The tests check it
 // against the closed-form model(), and O and L against the fp64 reference.
 //
+// Mask tests count the scores tested one by one: every score of a tile that
+// tile_mask does not call kNone (valid ones only, as every count here).
+//
 // Differences from the kernel that change no count: tiles here are exactly
 // rows x d (the kernel pads d up to 64/128/256 and the tiles up to Br x Bc with
 // zeros, which it does not count), and lines 9-11 run row by row where the
@@ -75,6 +78,12 @@ class Chip {
   float exp(float a) { return count(std::exp(a)); }
   float log(float a) { return count(std::log(a)); }
 
+  // One score's visibility, tested on its own (the per-element mask).
+  bool mask_test(bool visible) {
+    ++cost_.mask_tests;
+    return visible;
+  }
+
   void launch(std::int64_t blocks) { cost_.thread_blocks += blocks; }
   const Cost& cost() const { return cost_; }
 
@@ -88,7 +97,9 @@ class Chip {
 
 }  // namespace
 
-Cost mirror(const Problem& p, const HostTensors& t) {
+Cost mirror(const Problem& p, const HostTensors& t) { return mirror(p, t, CausalMode::kFast); }
+
+Cost mirror(const Problem& p, const HostTensors& t, CausalMode mode) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 03 mirror: null tensor pointer");
   const std::int64_t Nq = p.Nq, Nk = p.Nk, d = p.d;
@@ -149,6 +160,10 @@ Cost mirror(const Problem& p, const HostTensors& t) {
         chip.load_to_registers(mh + i0, m_i.data(), rows);
 
         // Line 9: S_ij = scale Qi Kj^T; FA1 computes every score, then masks.
+        // Each score is tested only in a tile its rows do not all see whole
+        // (the kernel's Br x Bc tile: rows past Nq, keys past Nk hidden).
+        const bool test = mode == CausalMode::kMaskEvery ||
+                          tile_mask({Nq, Nk, p.causal}, i0, Br, j0, Bc) != TileMask::kNone;
         for (std::int64_t r = 0; r < rows; ++r) {
           for (std::int64_t c = 0; c < cols; ++c) {
             float acc = 0.0f;
@@ -157,7 +172,7 @@ Cost mirror(const Problem& p, const HostTensors& t) {
             }
             const float s = chip.mul(scale, acc);
             const bool visible = !p.causal || j0 + c <= i0 + r + Nk - Nq;
-            S_ij[r * Bc + c] = visible ? s : -kInf;
+            S_ij[r * Bc + c] = !test || chip.mask_test(visible) ? s : -kInf;
           }
         }
 

@@ -3,12 +3,15 @@
 // Every count is per (batch, head), then times B * H. Sums over tiles collapse
 // because the valid rows of the Q blocks add up to Nq and those of the K/V
 // blocks to Nk; only the number of K/V blocks Tc stays, since each of them
-// sweeps the whole of Q, O, l and m.
+// sweeps the whole of Q, O, l and m. The mask tests alone take a term per Q
+// block: how many K/V blocks a Q block sees whole depends on where it sits.
 //
 // Bytes: Q, K, V and the final O count p.dtype's; the running O_i (in O
 // itself in fp32, in O_acc otherwise), l, m, L and the fp32 tiles in shared
 // memory count four. In fp32 the two O terms are one array, and the total is
 // the one the README derives.
+#include <algorithm>
+
 #include "fa1_kv_outer.h"
 
 namespace flashstep::fa1_kv_outer {
@@ -47,7 +50,15 @@ Cost model(const Problem& p) {
   // rescale. Per row, once: L = m + log(l).
   head.nonmatmul_flops = 6 * Nq * Nk + Tc * (11 * Nq + q_elems) + 2 * Nq;
 
-  // skipped_tiles stays 0: FA1 computes and masks every tile.
+  // Mask tests: per Q block of R rows, its scores in the K/V blocks after the
+  // ones it sees whole (common/tile_mask.h). One term per Q block.
+  const std::int64_t Bc = kv_tile_rows(head_dim_bucket(d));
+  for (std::int64_t row0 = 0; row0 < Nq; row0 += kBr) {
+    const std::int64_t R = std::min<std::int64_t>(kBr, Nq - row0);
+    head.mask_tests += R * (Nk - unmasked_kv_tiles({Nq, Nk, p.causal}, row0, kBr, Bc) * Bc);
+  }
+
+  // skipped_tiles stays 0: FA1 computes every tile.
   Cost c = head.times(p.heads());
   c.thread_blocks = launched_blocks(p);
   return c;

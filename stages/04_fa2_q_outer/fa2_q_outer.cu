@@ -8,7 +8,9 @@
 //   block and divided by l_i once, after the last one (lines 10 and 12).
 // - Only the logsumexp L = m + log(l) is written beside O (line 13), not m and l.
 // - Causal: K/V blocks wholly above the diagonal are skipped, not computed and
-//   masked (the partially visible ones are masked element by element).
+//   masked; only the blocks that cross the diagonal (or the end Nk, or hold
+//   rows past Nq) test each score, the blocks below it need no test
+//   (FlashAttention-2 §3.1, common/tile_mask.h).
 //
 // Run it: ./build/stages/cli/flashstep --stage 04 --B 1 --H 16 --N 4096 --d 128 --causal
 //
@@ -75,9 +77,13 @@ void launch(const Params& prm, Stream stream) {
 }  // namespace
 
 void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
+  forward(p, t, stream, CausalMode::kFast);
+}
+
+void forward(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 04: null tensor pointer");
-  const Params prm = fa2::make_params(p, t);
+  const Params prm = fa2::make_params(p, t, mode);
   switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
     case 64: launch<64>(prm, stream); break;
     case 128: launch<128>(prm, stream); break;

@@ -11,6 +11,7 @@
 #include "common/fa2_model.h"
 #include "common/fa2_tiles.h"
 #include "common/stage.h"
+#include "common/tile_mask.h"
 
 namespace flashstep::fa2_q_outer {
 
@@ -27,6 +28,10 @@ inline constexpr std::int64_t kMaxBlocks = 2147483647;
 
 /// One thread block per (batch, head), looping over that head's Q blocks.
 void forward(const Problem& p, const ForwardTensors& t, Stream stream);
+/// The same in a causal mode (common/tile_mask.h): kFast is the forward
+/// above; the other two are for the benchmark's ablation and give the same
+/// O and L bit for bit.
+void forward(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode);
 
 /// Stage 04 needs no scratch memory: 0.
 std::int64_t workspace_bytes(const Problem& p);
@@ -37,8 +42,11 @@ std::int64_t workspace_bytes(const Problem& p);
 Cost model(const Problem& p);
 
 /// The algorithm on the host with the kernel's loops and tiles, counting every
-/// element moved, every shared-memory access and every FLOP (fa2_q_outer_mirror.cpp).
+/// element moved, every shared-memory access, every FLOP and every mask test
+/// (fa2_q_outer_mirror.cpp).
 Cost mirror(const Problem& p, const HostTensors& t);
+/// The same in a causal mode, as the kernel runs it: fa2::model(p, blocks, mode) counts it.
+Cost mirror(const Problem& p, const HostTensors& t, CausalMode mode);
 
 // q_blocks(p) (Q blocks of one head) and kv_blocks_visited(p, i) (K/V blocks
 // Q block i visits), shared with stage 05 (common/fa2_model.h).

@@ -25,12 +25,13 @@ using mirror::Tile;
 
 // Lines 4-15 of Algorithm 1 for Q block i of head bh (attend_q_block in the kernel).
 void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std::int64_t i,
-                    float scale_log2, Chip& chip) {
+                    float scale_log2, CausalMode mode, Chip& chip) {
   const std::int64_t d = p.d;
   const std::int64_t row0 = i * kBr;
   const std::int64_t R = std::min<std::int64_t>(kBr, p.Nq - row0);
   const std::int64_t Tc = (p.Nk + kBc - 1) / kBc;
-  const std::int64_t Tc_i = kv_blocks_visited(p, i);  // causal: blocks past it are wholly masked
+  // Causal: blocks past Tc_i are wholly masked and skipped (not with kNoSkip).
+  const std::int64_t Tc_i = kv_blocks_visited(p, i, mode);
   chip.cost.skipped_tiles += Tc - Tc_i;
   float* Oi = t.O + (bh * p.Nq + row0) * d;  // [R, d]
   float* Li = t.L + bh * p.Nq + row0;        // [R]
@@ -61,13 +62,17 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     chip.load(K + key0 * d, C, d, Kj);
     chip.load(V + key0 * d, C, d, Vj);
 
-    // Line 8, scaled into log2 units; keys above the diagonal -> -inf.
+    // Line 8, scaled into log2 units; keys above the diagonal -> -inf, tested
+    // one by one only in a block that the rows do not all see whole (the kernel
+    // pads the block to Br x Bc: rows past Nq and keys past Nk count as hidden).
+    const bool test = mode == CausalMode::kMaskEvery ||
+                      tile_mask({p.Nq, p.Nk, p.causal}, row0, kBr, key0, kBc) != TileMask::kNone;
     S_ij.assign(static_cast<size_t>(R * C), 0.0f);
     for (std::int64_t r = 0; r < R; ++r) {
       const std::int64_t visible = p.visible_keys(row0 + r) - key0;
       for (std::int64_t c = 0; c < C; ++c) {
         const float s = chip.mul(chip.dot(Qi, r, Kj, c, d), scale_log2);
-        S_ij[static_cast<size_t>(r * C + c)] = c < visible ? s : -kInf;
+        S_ij[static_cast<size_t>(r * C + c)] = !test || chip.mask_test(c < visible) ? s : -kInf;
       }
     }
 
@@ -120,7 +125,9 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
 
 }  // namespace
 
-Cost mirror(const Problem& p, const HostTensors& t) {
+Cost mirror(const Problem& p, const HostTensors& t) { return mirror(p, t, CausalMode::kFast); }
+
+Cost mirror(const Problem& p, const HostTensors& t, CausalMode mode) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 04 mirror: null tensor pointer");
   const float scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
@@ -131,7 +138,8 @@ Cost mirror(const Problem& p, const HostTensors& t) {
   chip.cost.thread_blocks = grid;
   for (std::int64_t block = 0; block < grid; ++block) {
     for (std::int64_t bh = block; bh < p.heads(); bh += grid) {
-      for (std::int64_t i = 0; i < q_blocks(p); ++i) attend_q_block(p, t, bh, i, scale_log2, chip);
+      for (std::int64_t i = 0; i < q_blocks(p); ++i) attend_q_block(
+          p, t, bh, i, scale_log2, mode, chip);
     }
   }
   return chip.cost;

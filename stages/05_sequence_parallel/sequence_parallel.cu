@@ -86,9 +86,13 @@ void launch(const Params& prm, std::int64_t Tr, Stream stream) {
 }  // namespace
 
 void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
+  forward(p, t, stream, CausalMode::kFast);
+}
+
+void forward(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 05: null tensor pointer");
-  const Params prm = fa2::make_params(p, t);
+  const Params prm = fa2::make_params(p, t, mode);
   // Grid x: Tr <= ceil((2^31 - 1) / 64) Q blocks, far inside x's 2^31 - 1.
   const std::int64_t Tr = fa2::q_blocks(p);
   switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles

@@ -11,6 +11,7 @@
 #include "common/fa2_model.h"
 #include "common/fa2_tiles.h"
 #include "common/stage.h"
+#include "common/tile_mask.h"
 
 namespace flashstep::sequence_parallel {
 
@@ -21,6 +22,9 @@ inline constexpr std::int64_t kMaxGridY = 65535;
 
 /// One thread block per (Q block, batch, head).
 void forward(const Problem& p, const ForwardTensors& t, Stream stream);
+/// The same in a causal mode (common/tile_mask.h): kFast is the forward
+/// above; the other two are for the benchmark's ablation.
+void forward(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode);
 
 /// Stage 05 needs no scratch memory: 0.
 std::int64_t workspace_bytes(const Problem& p);

@@ -32,7 +32,9 @@
 //
 // Causal (bottom-right mask): Q blocks whose rows all come before key0 - (Nk -
 // Nq) see nothing of block j and are skipped. Every key is seen by the last
-// row, so every K/V block has work.
+// row, so every K/V block has work. Of the Q blocks visited, only those that
+// do not see the whole K/V block (the diagonal, the ends Nq and Nk) test each
+// score against the mask (FlashAttention-2 §3.1).
 //
 // Run it: ./build/stages/cli/flashstep --stage 02,05 --backward --N 4096
 #include <cuda_runtime.h>
@@ -47,6 +49,7 @@
 #include "common/fa2_tiles.h"
 #include "common/reduce.cuh"
 #include "common/row_dot.h"
+#include "common/tile_mask.h"
 #include "sequence_parallel.h"
 
 namespace flashstep::sequence_parallel {
@@ -251,6 +254,17 @@ __device__ void multiply_scores(const float* Qi, const float* dOi, const float* 
   }
 }
 
+// Score (r, c) of the tile to shared memory: P_rc to P [kBr][kScoreStride],
+// dS_rc to dS [kBr][kScoreStride] and to its transpose dST [kBc][kScoreTStride].
+template <int kHeadDim>
+__device__ void store_scores(float* P, float* dS, float* dST, int r, int c, float P_rc,
+                             float dS_rc) {
+  using Lay = Layout<kHeadDim>;
+  P[r * Lay::kScoreStride + c] = P_rc;
+  dS[r * Lay::kScoreStride + c] = dS_rc;
+  dST[c * Lay::kScoreTStride + r] = dS_rc;
+}
+
 // Lines 12 and 16: dV_j += P_ij^T dOi and dK_j += dS_ij^T Qi for the thread's
 // 4 keys x kKVVecs float4s of columns: per query row r, one float4 of P_ij
 // (dS_ij) times the row's float4s of dOi (Qi).
@@ -387,20 +401,35 @@ __device__ void attend_kv_block(const Params& p, std::int64_t bh, int j, float* 
     multiply_scores<kHeadDim>(Qi, dOi, Kj, Vj, g, S, dP);
     // Lines 11 and 14, scale folded into dS. Masked scores, padding rows
     // and padding keys get P = 0 and so dS = 0 (a row that sees no key at
-    // all has L = -inf, and is masked everywhere).
-    // BEGIN ASSIGNMENT(backward): lines 11 and 14 for the thread's scores S[t][u], dP[t][u] (row r = g.row + 16 t, key c = g.col + 16 u): P_rc = exp2f(S scale_log2 - L_log2[r]) where c < visible_in_block(p, row0 + r, key0) and r < rows, else 0; dS_rc = P_rc (dP - Di[r]) scale (Di only for r < rows); store P_rc to P[r][c], dS_rc to dS[r][c] and dST[c][r] (strides kScoreStride, kScoreTStride)
+    // all has L = -inf, and is masked everywhere). Only a tile whose rows do
+    // not all see its keys whole tests each score (common/tile_mask.h): the
+    // tiles on the diagonal and at the ends Nq, Nk.
+    const bool whole =
+        tile_mask({p.Nq, p.Nk, p.causal}, row0, kBr, key0, Lay::kBc) == TileMask::kNone;
+    // BEGIN ASSIGNMENT(backward): lines 11 and 14 for the thread's scores S[t][u], dP[t][u] (row r = g.row + 16 t, key c = g.col + 16 u): P_rc = exp2f(S scale_log2 - L_log2[r]) where c < visible_in_block(p, row0 + r, key0) and r < rows, else 0 (the test may be left out in a `whole` tile); dS_rc = P_rc (dP - Di[r]) scale (Di only for r < rows); store_scores P_rc and dS_rc
+    if (whole) {
 #pragma unroll
-    for (int t = 0; t < Lay::kSTM; ++t) {
-      const int r = g.row + Lay::kScoreGroups * t;
-      const int visible = r < rows ? visible_in_block(p, std::int64_t{row0} + r, key0) : 0;
+      for (int t = 0; t < Lay::kSTM; ++t) {
+        const int r = g.row + Lay::kScoreGroups * t;
 #pragma unroll
-      for (int u = 0; u < Lay::kSTN; ++u) {
-        const int c = g.col + Lay::kScoreGroups * u;
-        const float P_rc = c < visible ? exp2f(S[t][u] * p.scale_log2 - L_log2[r]) : 0.0f;
-        const float dS_rc = P_rc * (dP[t][u] - (r < rows ? Di[r] : 0.0f)) * p.scale;
-        P[r * Lay::kScoreStride + c] = P_rc;
-        dS[r * Lay::kScoreStride + c] = dS_rc;
-        dST[c * Lay::kScoreTStride + r] = dS_rc;
+        for (int u = 0; u < Lay::kSTN; ++u) {
+          const int c = g.col + Lay::kScoreGroups * u;
+          const float P_rc = exp2f(S[t][u] * p.scale_log2 - L_log2[r]);
+          store_scores<kHeadDim>(P, dS, dST, r, c, P_rc, P_rc * (dP[t][u] - Di[r]) * p.scale);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < Lay::kSTM; ++t) {
+        const int r = g.row + Lay::kScoreGroups * t;
+        const int visible = r < rows ? visible_in_block(p, std::int64_t{row0} + r, key0) : 0;
+#pragma unroll
+        for (int u = 0; u < Lay::kSTN; ++u) {
+          const int c = g.col + Lay::kScoreGroups * u;
+          const float P_rc = c < visible ? exp2f(S[t][u] * p.scale_log2 - L_log2[r]) : 0.0f;
+          const float dS_rc = P_rc * (dP[t][u] - (r < rows ? Di[r] : 0.0f)) * p.scale;
+          store_scores<kHeadDim>(P, dS, dST, r, c, P_rc, dS_rc);
+        }
       }
     }
     // END ASSIGNMENT

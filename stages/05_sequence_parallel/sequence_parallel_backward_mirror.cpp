@@ -15,6 +15,7 @@
 #include "common/fa2_tiles.h"
 #include "common/mirror_chip.h"
 #include "common/row_dot.h"
+#include "common/tile_mask.h"
 #include "sequence_parallel.h"
 
 namespace flashstep::sequence_parallel {
@@ -71,7 +72,12 @@ void attend_kv_block(const Problem& p, const HostBackwardTensors& t, const std::
     P = {R, C, std::vector<float>(static_cast<size_t>(R * C))};
     dS = P;
     dST = {C, R, std::vector<float>(static_cast<size_t>(C * R))};
-    // BEGIN ASSIGNMENT(backward): lines 10-11 and 13-14 for each row r < R and key c < C, every FLOP through chip: L_i in log2 units (chip.mul by log2e), S = chip.dot(Qi, r, Kj, c, d), dP = chip.dot(dOi, r, Vj, c, d), P_rc = chip.exp2(S scale_log2 - L_log2) where c < visible (visible = p.visible_keys(row0 + r) - key0), else 0; dS_rc = P_rc (dP - D_r) scale; chip.write P_rc to P, dS_rc to dS and to dST (transposed)
+    // The kernel tests each score against the mask only in a tile whose rows
+    // do not all see its keys whole (its Br x Bc tile: rows past Nq and keys
+    // past Nk hidden); the mask tests are counted through chip.mask_test.
+    const bool whole =
+        tile_mask({p.Nq, p.Nk, p.causal}, row0, bwd::kBr, key0, Bc) == TileMask::kNone;
+    // BEGIN ASSIGNMENT(backward): lines 10-11 and 13-14 for each row r < R and key c < C, every FLOP through chip: L_i in log2 units (chip.mul by log2e), S = chip.dot(Qi, r, Kj, c, d), dP = chip.dot(dOi, r, Vj, c, d), P_rc = chip.exp2(S scale_log2 - L_log2) where c < visible (visible = p.visible_keys(row0 + r) - key0; tested through chip.mask_test unless `whole`), else 0; dS_rc = P_rc (dP - D_r) scale; chip.write P_rc to P, dS_rc to dS and to dST (transposed)
     for (std::int64_t r = 0; r < R; ++r) {
       const float L_log2 = chip.mul(chip.read(Li, r, 0), log2e);
       const float D_r = chip.read(Di, r, 0);
@@ -81,7 +87,7 @@ void attend_kv_block(const Problem& p, const HostBackwardTensors& t, const std::
         const float S = chip.dot(Qi, r, Kj, c, d);
         const float dP = chip.dot(dOi, r, Vj, c, d);
         const float e = chip.exp2(chip.sub(chip.mul(S, scale_log2), L_log2));
-        const float P_rc = c < visible ? e : 0.0f;
+        const float P_rc = whole || chip.mask_test(c < visible) ? e : 0.0f;
         const float dS_rc = chip.mul(chip.mul(P_rc, chip.sub(dP, D_r)), scale);
         chip.write(P, r, c, P_rc);
         chip.write(dS, r, c, dS_rc);

@@ -16,6 +16,8 @@
 // - Non-matmul FLOPs: per score, the scale, - Li, exp, dP - Di, times P, times
 //   the softmax scale (6); per row, Li into log2 units (1). Masked scores are
 //   computed and then dropped, so they count.
+// - Mask tests: the C_j scores of every visited row, less those of the whole
+//   Q blocks that see all of block j (common/tile_mask.h: unmasked_q_tiles).
 // Plus the D kernel (common/row_dot) and the zeroing of dQ (written once).
 // Q, K, V, dO, dK and dV count p.dtype's bytes; L, D and dQ, which the
 // atomics accumulate in fp32, four.
@@ -23,6 +25,7 @@
 
 #include "backward_tiles.h"
 #include "common/row_dot.h"
+#include "common/tile_mask.h"
 #include "sequence_parallel.h"
 
 namespace flashstep::sequence_parallel {
@@ -50,6 +53,9 @@ Cost backward_model(const Problem& p) {
     head.sram_read_bytes += rows * (10 * C * d + 2) * kFloatBytes;
     head.matmul_flops += 10 * rows * C * d;
     head.nonmatmul_flops += rows * (6 * C + 1);
+    const TileRange whole = unmasked_q_tiles({p.Nq, p.Nk, p.causal}, key0, Bc, bwd::kBr);
+    const std::int64_t whole_rows = std::max<std::int64_t>(0, whole.last - whole.first) * bwd::kBr;
+    head.mask_tests += (rows - whole_rows) * C;
   }
   Cost c = head.times(p.heads());
   c.hbm_write_bytes += p.q_elems() * kFloatBytes;  // dQ = 0 first

@@ -100,6 +100,7 @@ __device__ void split_k_block(const Params& p, std::int64_t bh, int i, float* sm
   const int row0 = i * T::kBr;
   const int rows = min(T::kBr, p.Nq - row0);
   const int Tc_i = kv_tiles_seen_by(p, row0 + rows - 1, T::kBc);  // the rest: skipped (causal)
+  const int Tc_unmasked = kv_blocks_unmasked(p, row0, T::kBr, T::kBc);  // no mask test in these
   const std::int64_t q_offset = (bh * p.Nq + row0) * p.d;
   float* Oi = p.O + q_offset;          // [rows, d]
   float* Li = p.L + bh * p.Nq + row0;  // [rows]
@@ -149,16 +150,27 @@ __device__ void split_k_block(const Params& p, std::int64_t bh, int i, float* sm
     // Line 9 over my keys only: partial m_w = rowmax(S), P~ = exp(S - m_w),
     // l_w = rowsum(P~), over the row's 4 lanes. A row that sees none of my
     // keys has m_w = -inf: subtracting 0 instead leaves P~ = 0, l_w = 0.
+    // Keys past Nk or above the diagonal -> -inf, tested one by one only in the
+    // tiles the block's rows do not all see whole.
+    const bool test = j >= Tc_unmasked;
 #pragma unroll
     for (int rr = 0; rr < T::kTM; ++rr) {
       const int r = T::kTM * rg + rr;
-      const int visible = visible_in_block(p, std::int64_t{row0} + r, key0);
       float m_part = -INFINITY;
+      if (test) {
+        const int visible = visible_in_block(p, std::int64_t{row0} + r, key0);
 #pragma unroll
-      for (int cc = 0; cc < T::kTN; ++cc) {
-        const bool seen = w_key0 + cg + T::kLaneColGroups * cc < visible;
-        S[rr][cc] = seen ? S[rr][cc] * p.scale_log2 : -INFINITY;
-        m_part = fmaxf(m_part, S[rr][cc]);
+        for (int cc = 0; cc < T::kTN; ++cc) {
+          const bool seen = w_key0 + cg + T::kLaneColGroups * cc < visible;
+          S[rr][cc] = seen ? S[rr][cc] * p.scale_log2 : -INFINITY;
+          m_part = fmaxf(m_part, S[rr][cc]);
+        }
+      } else {
+#pragma unroll
+        for (int cc = 0; cc < T::kTN; ++cc) {
+          S[rr][cc] *= p.scale_log2;
+          m_part = fmaxf(m_part, S[rr][cc]);
+        }
       }
       for (int offset = T::kLaneColGroups / 2; offset > 0; offset /= 2) {
         m_part = fmaxf(m_part, __shfl_xor_sync(kFullWarpMask, m_part, offset));

@@ -56,9 +56,13 @@ void launch(const Params& prm, Stream stream) {
 }  // namespace
 
 void forward_split_q(const Problem& p, const ForwardTensors& t, Stream stream) {
+  forward_split_q(p, t, stream, CausalMode::kFast);
+}
+
+void forward_split_q(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 06 split-Q: null tensor pointer");
-  const Params prm = fa2::make_params(p, t);
+  const Params prm = fa2::make_params(p, t, mode);
   switch (head_dim_bucket(p.d)) {
     case 64: launch<64>(prm, stream); break;
     case 128: launch<128>(prm, stream); break;

@@ -199,6 +199,8 @@ __device__ void split_q_block(const Params& p, std::int64_t bh, int i, float* sm
   const int Tc_w = my_rows > 0 ? kv_tiles_seen_by(p, std::int64_t{row0} + warp_r0 + my_rows - 1,
                                                   T::kBc)
                                : 0;
+  // Tiles 0 .. Tc_w_unmasked - 1 my rows see whole: no mask test there.
+  const int Tc_w_unmasked = kv_blocks_unmasked(p, row0 + warp_r0, T::kWarpRows, T::kBc);
   const float* K = p.K + bh * p.Nk * p.d;  // [Nk, d] of this head
   const float* V = p.V + bh * p.Nk * p.d;  // [Nk, d] of this head
 
@@ -224,20 +226,30 @@ __device__ void split_q_block(const Params& p, std::int64_t bh, int i, float* sm
     staged.load(V + static_cast<std::int64_t>(key0) * p.d, min(T::kBc, p.Nk - key0), p.d, p.vec);
     const bool mine = j < Tc_w;  // warp-uniform: do my rows see any key of Kj?
     if (mine) {
-      // Line 8, scaled into log2 units; keys past Nk or above the diagonal -> -inf.
+      // Line 8, scaled into log2 units; keys past Nk or above the diagonal -> -inf,
+      // tested one by one only in the tiles my rows do not all see whole.
       float S_ij[T::kTM][T::kTN];
       multiply_qk<kHeadDim>(Qw, Kj, rg, cg, S_ij);
+      const bool test = j >= Tc_w_unmasked;  // warp-uniform
 #pragma unroll
       for (int rr = 0; rr < T::kTM; ++rr) {
-        const int visible =
-            visible_in_block(p, std::int64_t{row0} + warp_r0 + T::kTM * rg + rr, key0);
         // Line 9: m_new = max(m_i, rowmax(S_ij)), over the row's 8 lanes.
         float m_new = m_i[rr];
+        if (test) {
+          const int visible =
+              visible_in_block(p, std::int64_t{row0} + warp_r0 + T::kTM * rg + rr, key0);
 #pragma unroll
-        for (int cc = 0; cc < T::kTN; ++cc) {
-          const bool seen = cg + T::kLaneColGroups * cc < visible;
-          S_ij[rr][cc] = seen ? S_ij[rr][cc] * p.scale_log2 : -INFINITY;
-          m_new = fmaxf(m_new, S_ij[rr][cc]);
+          for (int cc = 0; cc < T::kTN; ++cc) {
+            const bool seen = cg + T::kLaneColGroups * cc < visible;
+            S_ij[rr][cc] = seen ? S_ij[rr][cc] * p.scale_log2 : -INFINITY;
+            m_new = fmaxf(m_new, S_ij[rr][cc]);
+          }
+        } else {
+#pragma unroll
+          for (int cc = 0; cc < T::kTN; ++cc) {
+            S_ij[rr][cc] *= p.scale_log2;
+            m_new = fmaxf(m_new, S_ij[rr][cc]);
+          }
         }
         m_new = reduce_row(m_new, MaxOp{});
         // BEGIN ASSIGNMENT: line 9-10 for row rr of this lane: P~_ij = exp2(S_ij - m_new) in S_ij (against 0 when m_new = -inf), this lane's share of l_i rescaled and summed, O_tilde[rr] *= e^(m_i - m_new), m_i[rr] = m_new

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/stage.h"
+#include "common/tile_mask.h"
 
 namespace flashstep::warp_split {
 
@@ -21,6 +22,10 @@ inline constexpr std::int64_t kMaxGridY = 65535;
 void forward_split_q(const Problem& p, const ForwardTensors& t, Stream stream);
 /// Split-K forward: one thread block per (Q block, head), warps own keys.
 void forward_split_k(const Problem& p, const ForwardTensors& t, Stream stream);
+/// Both in a causal mode (common/tile_mask.h): kFast is the forward above;
+/// the other two are for the benchmark's ablation.
+void forward_split_q(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode);
+void forward_split_k(const Problem& p, const ForwardTensors& t, Stream stream, CausalMode mode);
 
 /// Neither variant needs scratch memory: 0.
 std::int64_t workspace_bytes(const Problem& p);

@@ -11,6 +11,7 @@
 
 namespace flashstep::warp_split {
 
+using fa2::kv_blocks_unmasked;
 using fa2::kVec;
 using fa2::Params;
 using fa2::visible_in_block;
@@ -152,9 +153,11 @@ __device__ void copy_tile(const float* src, int rows, int d, bool vec, float* ds
 }
 
 // K/V tiles that a query row sees: those holding a key of keys 0 ..
-// visible - 1. 0 for a row that sees none, or for a row past Nq.
+// visible - 1. 0 for a row that sees none, or for a row past Nq. With
+// skipping off (CausalMode::kNoSkip) every tile, for a row before Nq.
 inline __device__ int kv_tiles_seen_by(const Params& p, std::int64_t row, int bc) {
   if (row >= p.Nq) return 0;
+  if (p.mode == CausalMode::kNoSkip) return (p.Nk - 1) / bc + 1;
   const int keys = visible_in_block(p, row, 0);
   return keys <= 0 ? 0 : (keys - 1) / bc + 1;
 }

@@ -10,6 +10,9 @@
 // - SRAM writes: Qi, Kj, Vj (R_i d + 2 C_i d), P~ once per computed score.
 //   SRAM reads: two operands per multiply-add of Qi Kj^T and P~ Vj.
 // - Barriers: block-wide __syncthreads executed per thread block.
+// - Mask tests: the scores of each computed tile that its rows do not all see
+//   whole (common/tile_mask.h): split-Q classifies a warp's rows (R_w of
+//   warp_rows), split-K the whole Q block.
 //
 // Split-Q counts per warp slice: warp w owns R_w valid rows whose last row sees
 // n_w <= n_i tiles (C_w keys); it computes only those (the other tiles it only
@@ -34,6 +37,7 @@
 // bucket (64, 128 or 256).
 #include <algorithm>
 
+#include "common/tile_mask.h"
 #include "warp_split.h"
 #include "warp_split_tiles.h"
 
@@ -61,10 +65,11 @@ Cost all_heads(const Problem& p, const Cost& head, std::int64_t Tr) {
 std::int64_t workspace_bytes(const Problem&) { return 0; }
 
 Cost model_split_q(const Problem& p) {
-  const SplitQShape shape = split_q_shape(head_dim_bucket(p.d));
+  const SplitQShape tiles = split_q_shape(head_dim_bucket(p.d));
+  const MaskShape mask{p.Nq, p.Nk, p.causal};
   const std::int64_t d = p.d;
-  const std::int64_t Br = shape.br();
-  const std::int64_t Bc = shape.bc;
+  const std::int64_t Br = tiles.br();
+  const std::int64_t Bc = tiles.bc;
   const std::int64_t Tr = ceil_div(p.Nq, Br);
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   Cost head;
@@ -80,8 +85,8 @@ Cost model_split_q(const Problem& p) {
     head.hbm_read_bytes += (R + 2 * C) * d * p.elem_bytes();
     head.sram_write_bytes += (R + 2 * C) * d * kFloatBytes;
     head.barriers += 2 * n;
-    for (std::int64_t w0 = row0; w0 < row0 + R; w0 += shape.warp_rows) {
-      const std::int64_t Rw = std::min<std::int64_t>(shape.warp_rows, row0 + R - w0);
+    for (std::int64_t w0 = row0; w0 < row0 + R; w0 += tiles.warp_rows) {
+      const std::int64_t Rw = std::min<std::int64_t>(tiles.warp_rows, row0 + R - w0);
       const std::int64_t nw = tiles_seen(p, w0 + Rw - 1, Bc);
       if (nw == 0) continue;  // O = 0, L = -inf, nothing computed
       const std::int64_t Cw = std::min(nw * Bc, p.Nk);
@@ -89,12 +94,14 @@ Cost model_split_q(const Problem& p) {
       head.sram_read_bytes += 4 * Rw * Cw * d * kFloatBytes;  // 2 operands x 2 products
       head.matmul_flops += 4 * Rw * Cw * d;
       head.nonmatmul_flops += 5 * Rw * Cw + nw * Rw * (3 + d) + Rw * (d + 4);
+      head.mask_tests += Rw * (Cw - unmasked_kv_tiles(mask, w0, tiles.warp_rows, Bc) * Bc);
     }
   }
   return all_heads(p, head, Tr);
 }
 
 Cost model_split_k(const Problem& p) {
+  const MaskShape mask{p.Nq, p.Nk, p.causal};
   const std::int64_t d = p.d;
   const std::int64_t W = kSplitKWarps;
   const std::int64_t Br = kSplitKBr;
@@ -116,6 +123,7 @@ Cost model_split_k(const Problem& p) {
     std::int64_t reads = 4 * R * C * d;
     head.matmul_flops += 4 * R * C * d;
     head.nonmatmul_flops += 5 * R * C + R * (d + 4);
+    head.mask_tests += R * (C - unmasked_kv_tiles(mask, i * Br, Br, Bc) * Bc);
     // The combine, per visited tile (above), and once per Q block.
     writes += n * (2 * W * R + 2 * R + (1 + W) * R + W * R * d + R * d);
     reads += n * (2 * W * R + 2 * R + (1 + W) * R * d + W * R * d + R * d);

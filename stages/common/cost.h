@@ -37,6 +37,11 @@ struct Cost {
   /// stage 06, where split-K's extra synchronisation is the lesson; 0 in the
   /// other stages means "not modelled" (their kernels do synchronise).
   std::int64_t barriers = 0;
+  /// Scores whose visibility is tested one by one (the causal mask and the
+  /// ends Nq, Nk), valid ones only: FlashAttention-2 tests only the tiles that
+  /// cross the diagonal or an end (common/tile_mask.h). Counted by the fp32
+  /// tiled stages (03-06 and stage 05's backward); 0 elsewhere means "not modelled".
+  std::int64_t mask_tests = 0;
 
   std::int64_t hbm_bytes() const { return hbm_read_bytes + hbm_write_bytes; }
 
@@ -53,6 +58,7 @@ struct Cost {
     c.thread_blocks = n * thread_blocks;
     c.skipped_tiles = n * skipped_tiles;
     c.barriers = n * barriers;
+    c.mask_tests = n * mask_tests;
     return c;
   }
   std::int64_t sram_bytes() const { return sram_read_bytes + sram_write_bytes; }
@@ -67,6 +73,7 @@ struct Cost {
     thread_blocks += o.thread_blocks;
     skipped_tiles += o.skipped_tiles;
     barriers += o.barriers;
+    mask_tests += o.mask_tests;
     return *this;
   }
   bool operator==(const Cost& o) const {
@@ -74,7 +81,7 @@ struct Cost {
            sram_read_bytes == o.sram_read_bytes && sram_write_bytes == o.sram_write_bytes &&
            matmul_flops == o.matmul_flops && nonmatmul_flops == o.nonmatmul_flops &&
            thread_blocks == o.thread_blocks && skipped_tiles == o.skipped_tiles &&
-           barriers == o.barriers;
+           barriers == o.barriers && mask_tests == o.mask_tests;
   }
   bool operator!=(const Cost& o) const { return !(*this == o); }
 };

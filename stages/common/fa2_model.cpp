@@ -15,6 +15,10 @@
 //   (subtract, exp), its product with l_i, and d multiplies rescaling O~_i.
 //   Per row at the end: 1/l, d multiplies, and L = m ln2 + log(l) (3).
 //   Masked scores are computed and then set to -inf, so they count too.
+// - Mask tests: the R x C_j scores of each visited K/V block j that the block's
+//   rows do not all see whole (common/tile_mask.h: the first
+//   unmasked_kv_tiles blocks need no test); every visited score with
+//   CausalMode::kMaskEvery.
 #include "fa2_model.h"
 
 #include <algorithm>
@@ -29,19 +33,20 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 
 std::int64_t q_blocks(const Problem& p) { return ceil_div(p.Nq, kBr); }
 
-std::int64_t kv_blocks_visited(const Problem& p, std::int64_t i) {
+std::int64_t kv_blocks_visited(const Problem& p, std::int64_t i, CausalMode mode) {
+  if (mode == CausalMode::kNoSkip) return ceil_div(p.Nk, kBc);
   const std::int64_t last_row = std::min(p.Nq, (i + 1) * kBr) - 1;
   // The bottom-right mask: the block's last row sees the most keys.
   return ceil_div(p.visible_keys(last_row), kBc);
 }
 
-Cost model(const Problem& p, std::int64_t thread_blocks) {
+Cost model(const Problem& p, std::int64_t thread_blocks, CausalMode mode) {
   const std::int64_t d = p.d;
   const std::int64_t Tc = ceil_div(p.Nk, kBc);
   Cost head;
   for (std::int64_t i = 0; i < q_blocks(p); ++i) {
     const std::int64_t R = std::min<std::int64_t>(kBr, p.Nq - i * kBr);
-    const std::int64_t n = kv_blocks_visited(p, i);
+    const std::int64_t n = kv_blocks_visited(p, i, mode);
     head.skipped_tiles += Tc - n;
     // O_i and L_i (0 and -inf if n = 0)
     head.hbm_write_bytes += R * (d * p.elem_bytes() + kFloatBytes);
@@ -52,6 +57,10 @@ Cost model(const Problem& p, std::int64_t thread_blocks) {
     head.sram_read_bytes += 4 * R * C * d * kFloatBytes;  // 2 operands x (S_ij and P~_ij Vj)
     head.matmul_flops += 4 * R * C * d;                   // 2 R C d, twice
     head.nonmatmul_flops += 5 * R * C + n * R * (3 + d) + R * (d + 4);
+    const std::int64_t whole = mode == CausalMode::kMaskEvery
+                                   ? 0
+                                   : unmasked_kv_tiles({p.Nq, p.Nk, p.causal}, i * kBr, kBr, kBc);
+    head.mask_tests += R * (C - whole * kBc);
   }
   Cost c = head.times(p.heads());
   c.thread_blocks = thread_blocks;

@@ -8,6 +8,7 @@
 
 #include "cost.h"
 #include "problem.h"
+#include "tile_mask.h"
 
 namespace flashstep::fa2 {
 
@@ -16,13 +17,17 @@ std::int64_t q_blocks(const Problem& p);
 
 /// K/V blocks that Q block i visits. Non-causal: all ceil(Nk / Bc). Causal:
 /// those holding a key that the block's last row sees; the rest lie wholly
-/// above the diagonal and are skipped.
-std::int64_t kv_blocks_visited(const Problem& p, std::int64_t i);
+/// above the diagonal and are skipped (all of them visited with
+/// CausalMode::kNoSkip).
+std::int64_t kv_blocks_visited(const Problem& p, std::int64_t i,
+                               CausalMode mode = CausalMode::kFast);
 
 /// Traffic and FLOPs in closed form, summed over the Q blocks of every head:
-/// Qi read once, Kj and Vj once per visited (i, j), O and L written once.
+/// Qi read once, Kj and Vj once per visited (i, j), O and L written once;
+/// the scores of visited tiles that tile_mask does not call kNone are
+/// tested one by one (every visited score with CausalMode::kMaskEvery).
 /// The work does not depend on how Q blocks map onto thread blocks; the
 /// caller says how many thread blocks its launch has.
-Cost model(const Problem& p, std::int64_t thread_blocks);
+Cost model(const Problem& p, std::int64_t thread_blocks, CausalMode mode = CausalMode::kFast);
 
 }  // namespace flashstep::fa2

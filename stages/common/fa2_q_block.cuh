@@ -33,6 +33,7 @@
 #include "fa2_tiles.h"
 #include "reduce.cuh"
 #include "stage.h"
+#include "tile_mask.h"
 
 namespace flashstep::fa2 {
 
@@ -115,11 +116,13 @@ struct Params {
   float scale_log2;  // softmax scale * log2(e)
   bool causal;
   bool vec;  // float4 global accesses: d % 4 == 0 and 16-byte aligned tensors
+  CausalMode mode;  // kFast, or a benchmark's ablation (common/tile_mask.h)
 };
 
 // The kernel parameters of problem p on tensors t (host side; stages 04, 05
 // and 06). These stages run in fp32 only (Stage::dtypes): Q, K, V, O are float.
-inline Params make_params(const Problem& p, const ForwardTensors& t) {
+inline Params make_params(const Problem& p, const ForwardTensors& t,
+                          CausalMode mode = CausalMode::kFast) {
   Params prm{};
   prm.Q = static_cast<const float*>(t.Q);
   prm.K = static_cast<const float*>(t.K);
@@ -133,6 +136,7 @@ inline Params make_params(const Problem& p, const ForwardTensors& t) {
   prm.scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
   prm.causal = p.causal;
   prm.vec = float4_ok(p, t);
+  prm.mode = mode;
   return prm;
 }
 
@@ -171,10 +175,22 @@ inline __device__ int visible_in_block(const Params& p, std::int64_t r, int key0
 }
 
 // K/V blocks a Q block whose last row is last_row visits: those holding a key
-// that row sees (with the bottom-right mask the last row sees the most).
+// that row sees (with the bottom-right mask the last row sees the most); every
+// K/V block when skipping is off (CausalMode::kNoSkip).
 inline __device__ int kv_blocks_seen_by(const Params& p, int last_row) {
+  if (p.mode == CausalMode::kNoSkip) return (p.Nk - 1) / kBc + 1;
   const int keys = visible_in_block(p, last_row, 0);
   return keys <= 0 ? 0 : (keys - 1) / kBc + 1;
+}
+
+// K/V blocks of bc keys, from the first, that every row of the br rows from
+// row0 sees whole (tile_mask kNone, common/tile_mask.h; a row past Nq sees
+// nothing): their scores need no mask test. The blocks after them cross the
+// diagonal or the end Nk, or lie above the diagonal (visited only with
+// kNoSkip). None when every visited block is to be tested (kMaskEvery).
+inline __device__ int kv_blocks_unmasked(const Params& p, int row0, int br, int bc) {
+  if (p.mode == CausalMode::kMaskEvery) return 0;
+  return static_cast<int>(unmasked_kv_tiles({p.Nq, p.Nk, p.causal}, row0, br, bc));
 }
 
 // Which elements of a 64 x kHeadDim tile a thread stages, kWidth floats at a
@@ -396,6 +412,7 @@ __device__ void attend_q_block(const Params& p, std::int64_t bh, int i, float* s
   const int row0 = i * kBr;
   const int rows = min(kBr, p.Nq - row0);
   const int Tc_i = kv_blocks_seen_by(p, row0 + rows - 1);  // the rest is skipped (causal)
+  const int Tc_unmasked = kv_blocks_unmasked(p, row0, kBr, kBc);  // no mask test in these
   const std::int64_t q_offset = (bh * p.Nq + row0) * p.d;
   float* Oi = p.O + q_offset;             // [rows, d]
   float* Li = p.L + bh * p.Nq + row0;     // [rows]
@@ -430,20 +447,33 @@ __device__ void attend_q_block(const Params& p, std::int64_t bh, int i, float* s
     // Line 7 (Vj): its loads are in flight while S_ij is computed.
     if constexpr (Lay::kPrefetch) load_tile<kHeadDim>(Vj_src, keys, p.d, p.vec, staged);
 
-    // Line 8, scaled into log2 units; keys past Nk or above the diagonal -> -inf.
+    // Line 8, scaled into log2 units; keys past Nk or above the diagonal -> -inf,
+    // tested one by one only in the blocks the rows do not all see whole.
     float S_ij[kTM][kTN];
     multiply_qk<kHeadDim>(QiT, KVj, me, S_ij);
     float m_new[kTM];
+    if (j < Tc_unmasked) {
 #pragma unroll
-    for (int rr = 0; rr < kTM; ++rr) {
-      const int visible =
-          visible_in_block(p, static_cast<std::int64_t>(row0) + me.row + rr, key0);
-      m_new[rr] = m_i[rr];
+      for (int rr = 0; rr < kTM; ++rr) {
+        m_new[rr] = m_i[rr];
 #pragma unroll
-      for (int cc = 0; cc < kTN; ++cc) {
-        const bool seen = me.col + kColGroups * cc < visible;
-        S_ij[rr][cc] = seen ? S_ij[rr][cc] * p.scale_log2 : -INFINITY;
-        m_new[rr] = fmaxf(m_new[rr], S_ij[rr][cc]);
+        for (int cc = 0; cc < kTN; ++cc) {
+          S_ij[rr][cc] *= p.scale_log2;
+          m_new[rr] = fmaxf(m_new[rr], S_ij[rr][cc]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < kTM; ++rr) {
+        const int visible =
+            visible_in_block(p, static_cast<std::int64_t>(row0) + me.row + rr, key0);
+        m_new[rr] = m_i[rr];
+#pragma unroll
+        for (int cc = 0; cc < kTN; ++cc) {
+          const bool seen = me.col + kColGroups * cc < visible;
+          S_ij[rr][cc] = seen ? S_ij[rr][cc] * p.scale_log2 : -INFINITY;
+          m_new[rr] = fmaxf(m_new[rr], S_ij[rr][cc]);
+        }
       }
     }
     // Line 9: m_new = max(m_i, rowmax(S_ij)). Its barrier also ends every read of Kj.

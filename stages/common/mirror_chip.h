@@ -156,6 +156,13 @@ class Chip {
     return count(std::fma(a, b, c));
   }
 
+  /// One score's visibility, tested on its own (the per-element mask): counted
+  /// in mask_tests, not as a FLOP. Returns `visible`.
+  bool mask_test(bool visible) {
+    ++cost.mask_tests;
+    return visible;
+  }
+
  private:
   float count(float x) {
     ++cost.nonmatmul_flops;

@@ -24,6 +24,11 @@ and from forward16.csv (sweep.py --dtype bf16: stage 07 and stages 02, 03 in
   ablation.png             each step of stage 07's ladder at N = 4096: TFLOP/s and its
                            gain, beside FlashAttention-2; under it, where the warps stall
 
+and from causal.csv (causal.py), once recorded:
+
+  causal.png               stages 03-06 with tile skipping, then diagonal-only masking,
+                           switched off: time off ÷ time on against N, per d
+
 The fp32 plots show fp32 rows only (a row without a dtype column is fp32).
 
 and plots.json, the fingerprint (sha256) of the CSVs and of this script the
@@ -63,7 +68,7 @@ RESULTS = tables.RESULTS
 PLOTS = os.path.join(RESULTS, "plots")
 SIDECAR = os.path.join(PLOTS, "plots.json")
 INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv", "backward.csv",
-          "backward_memory.csv", "forward16.csv", "ablation.csv")
+          "backward_memory.csv", "forward16.csv", "ablation.csv", "causal.csv")
 FLASHSTEP = os.path.join(ROOT, "build", "stages", "cli", "flashstep")
 # backward_memory.png: the stages whose allocation the CLI's model gives, the
 # N it is drawn at (B = 1, H = 2048/d, as backward_memory.csv), and the sources
@@ -693,6 +698,53 @@ def bf16_figure(rows16, peers, order):
     return fig
 
 
+# causal.png: what each mode of causal.csv switches off, and its line style.
+CAUSAL_LINES = (("no_skip", "1", "skipping off", "-"),
+                ("mask_every", "1", "diagonal-only masking off", "--"),
+                ("mask_every", "0", "diagonal-only masking off, non-causal", ":"))
+
+
+def causal_figure(causal, order):
+    """causal.csv: per d, each stage's time with one half of FlashAttention-2's causal
+    lesson switched off over its time with both on, against N; and the non-causal
+    time over the causal one (the paper's 1.7-1.8x compares those two)."""
+    import matplotlib.pyplot as plt
+
+    def ms(stage, d, c, mode, n):
+        hit = [r for r in causal if r["stage"] == stage and int(r["d"]) == d and r["causal"] == c
+               and r["mode"] == mode and int(r["N"]) == n and r["median ms"]]
+        return float(hit[0]["median ms"]) if hit else None
+
+    stages = list(dict.fromkeys(r["stage"] for r in causal))
+    styles = stage_styles(order + [s for s in stages if s not in order])
+    ns = sorted({int(r["N"]) for r in causal})
+    ds = sorted({int(r["d"]) for r in causal})
+    fig, axes = plt.subplots(1, len(ds), figsize=(7 * len(ds), 5.5), squeeze=False)
+    for ax, d in zip(axes[0], ds):
+        for stage in stages:
+            colour, marker, _ = styles[stage]
+            lines = CAUSAL_LINES + (("fast", "0", "causal over non-causal", "-."),)
+            for mode, c, label, dash in lines:
+                off_on = [(n, ms(stage, d, c, mode, n), ms(stage, d, "1" if mode == "fast" else c,
+                                                           "fast", n)) for n in ns]
+                pts = [(n, a / b) for n, a, b in off_on if a and b]
+                if pts:
+                    ax.plot([n for n, _ in pts], [v for _, v in pts], color=colour, marker=marker,
+                            linestyle=dash, label=f"{stage}: {label}")
+        ax.axhline(1.0, color="0.5", linewidth=0.8)
+        ax.axhspan(1.7, 1.8, color="0.85", label="the paper's 1.7–1.8x (skipping)")
+        log2_n_axis(ax, ns)
+        ax.set_ylabel("time with it off ÷ time with both on")
+        ax.set_title(f"d = {d}")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.suptitle("FlashAttention-2's causal lesson in the fp32 stages: tile skipping and "
+                 f"diagonal-only masking, each switched off ({SWEEP_RULE})\n"
+                 + provenance(causal, "causal.csv"), fontsize=11)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.25, 1, 1))
+    return fig
+
+
 # Stall reasons stacked in ablation.png, bottom up, with their colours.
 STALL_COLOURS = ["C0", "C1", "C2", "C3", "C4", "C5", "C6"]
 
@@ -791,7 +843,7 @@ def draw(out, flashstep=FLASHSTEP):
     import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "flashstep"  # no randomness anywhere
-    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation = (read(n) for n in INPUTS)
+    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal = (read(n) for n in INPUTS)
     fwd = fp32_only(fwd)
     if not fwd:
         sys.exit("plots: no docs/results/forward.csv (run tests/bench/sweep.py on a GPU)")
@@ -845,6 +897,11 @@ def draw(out, flashstep=FLASHSTEP):
         drawn.append("ablation.png")
     else:
         print("plots: no ladder at N = 4096 in docs/results/forward16.csv: no ablation plot")
+    if causal:
+        save(causal_figure(causal, order), "causal.png", out)
+        drawn.append("causal.png")
+    else:
+        print("plots: no docs/results/causal.csv (tests/bench/causal.py): no causal plot")
     return drawn, model
 
 

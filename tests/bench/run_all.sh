@@ -7,7 +7,7 @@
 #
 # Steps, in order (all of them when none is named):
 #   build     cmake --preset default, CUDA architectures from $CUDA_ARCHITECTURES (default 90);
-#             the CLI and the bench tools (fma_peak, mma_peak, tile_sweep)
+#             the CLI and the bench tools (fma_peak, mma_peak, tile_sweep, causal)
 #   device    device.py         -> device.csv   (flashstep info: SM count, clocks, memory, CUDA versions)
 #   sweep     sweep.py --dtype fp32 -> forward.csv (the FlashAttention-2 paper's sweep, stages 01-06)
 #   sweep16   sweep.py --dtype bf16 --stage 02,03,07, then --dtype fp16 --stage 07_tensor_core
@@ -24,6 +24,10 @@
 #   ceilings  ceilings.py       -> ceilings.csv (copy bandwidth, fp32 GEMM and FMA peak; bf16
 #             GEMM and mma.sync peak; skipped without torch)
 #   tiles     tiles.py          -> tiles.csv    (stage 07 at other tile shapes, d = 64/128/256)
+#   causal    causal.py         -> causal.csv   (stages 03-06 with tile skipping, then
+#             diagonal-only masking, switched off in turn; d = 64/128, N = 512..16k)
+#   splitq    split_q_profile.py -> split_q_profile.csv (ncu on stage 05 and 06 split-Q at
+#             N = 4096, d = 64: why split-Q is slower there; skipped without ncu)
 #   ablation  ablation.py       -> ablation.csv (ncu on each step of stage 07's ladder and on
 #             FlashAttention-2's kernel; skipped without ncu, kept old if no counters)
 #   tables    tables.py         -> the README tables
@@ -47,6 +51,7 @@
 #   bash tests/bench/run_all.sh /tmp/c build ablation long                 # ~8 min
 #   bash tests/bench/run_all.sh /tmp/d build traffic                       # ~5-8 min
 #   bash tests/bench/run_all.sh /tmp/e build backward                      # see its log
+#   bash tests/bench/run_all.sh /tmp/f build causal splitq                 # ~6 min
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
@@ -56,9 +61,11 @@
 # SWEEP_ARGS (extra flags for sweep.py, both sweep steps, and peers.py, e.g. "--N 1024 --d 64"),
 # TRAFFIC_ARGS (extra flags for traffic.py, e.g. "--N 8192 --d 64"),
 # TILES_ARGS (flags for flashstep_tile_sweep, e.g. "--d 128 --N 4096"),
+# CAUSAL_ARGS (flags for flashstep_causal, e.g. "--d 64 --N 4096"),
 # ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64").
 set -uo pipefail
-all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles ablation tables plots)
+all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal splitq ablation
+           tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -76,6 +83,7 @@ results=docs/results
 read -r -a sweep_args <<<"${SWEEP_ARGS:-}"
 read -r -a traffic_args <<<"${TRAFFIC_ARGS:-}"
 read -r -a tiles_args <<<"${TILES_ARGS:-}"
+read -r -a causal_args <<<"${CAUSAL_ARGS:-}"
 read -r -a ablation_args <<<"${ABLATION_ARGS:-}"
 if [ -z "${FLASHSTEP_COMMIT:-}" ]; then
   FLASHSTEP_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
@@ -137,7 +145,7 @@ for s in "${steps[@]}"; do
     build)
       step configure cmake --preset default -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
         && step build cmake --build "$build" --target flashstep flashstep_fma_peak \
-          flashstep_mma_peak flashstep_tile_sweep
+          flashstep_mma_peak flashstep_tile_sweep flashstep_causal
       ;;
     sweep)
       step sweep "$py" tests/bench/sweep.py --flashstep "$exe" --dtype fp32 \
@@ -208,6 +216,24 @@ for s in "${steps[@]}"; do
       step tiles "$py" tests/bench/tiles.py --out "$log/tiles.csv" \
         --tile-sweep "$build/tests/bench/flashstep_tile_sweep" -- "${tiles_args[@]}"
       record tiles tiles.csv
+      ;;
+    causal)
+      step causal "$py" tests/bench/causal.py --out "$log/causal.csv" \
+        --causal "$build/tests/bench/flashstep_causal" -- "${causal_args[@]}"
+      record causal causal.csv
+      ;;
+    splitq)
+      if ! command -v ncu >/dev/null; then
+        say "splitq: skipped, no ncu on PATH; $results/split_q_profile.csv left as it was"
+        continue
+      fi
+      step splitq "$py" tests/bench/split_q_profile.py --flashstep "$exe" \
+        --out "$log/split_q_profile.csv"
+      if has_counters "$log/split_q_profile.csv" duration_ns; then
+        record splitq split_q_profile.csv
+      else
+        say "splitq: skipped, ncu read no counters here (see $log/split_q_profile.csv); $results/split_q_profile.csv left as it was"
+      fi
       ;;
     ablation)
       if ! command -v ncu >/dev/null; then

@@ -12,7 +12,12 @@ backward_determinism.csv; traffic.py --backward: backward_traffic.csv) fill
 <!-- results:backward:begin/end --> wherever it appears; the course track's
 docs/results/course.csv (course_bench.py) fills <!-- results:course:begin/end -->
 in docs/assignments/07_pytorch_triton.md (course_tables.py). The fp32
-peers become extra rows of the forward tables.
+peers become extra rows of the forward tables. docs/results/causal.csv
+(causal.py: stages 03-06 with tile skipping and diagonal-only masking switched
+off in turn) fills <!-- results:causal:begin/end --> in README.md and in the
+READMEs of stages 03-06; until it is recorded, those say so. And
+docs/results/split_q_profile.csv (split_q_profile.py: ncu on stage 05 and 06
+split-Q) fills <!-- results:split_q_profile:begin/end --> in stage 06's README.
 
 Stage 07 (tensor cores, 16 bits) has CSVs of its own: forward16.csv (sweep.py
 --dtype bf16 / fp16: stage 07's ladder and stages 02, 03 in 16 bits),
@@ -69,6 +74,9 @@ STEP_COUNTER = {
     "07_step4_p_in_registers": ("smem_st_wavefronts", "shared-store wavefronts"),
     "07_tensor_core": ("tensor_active_pct", "tensor pipe active, %"),
 }
+# The stages causal.py measures (causal.cpp's entries): the fp32 tiled forwards.
+CAUSAL_STAGES = ("03_fa1_kv_outer", "04_fa2_q_outer", "05_sequence_parallel",
+                 "06_warp_split_q", "06_warp_split_k")
 # The problem ablation.py profiles and the ablation table shows: N, non-causal.
 ABLATION_N = 4096
 TFLOP_RULE = "TFLOP/s, 4·B·H·N²·d, halved if causal; B = 16384/N, H = 2048/d"
@@ -721,6 +729,160 @@ def tiles_body(tiles):
     return "\n".join(lines) + "\n\n" + provenance(tiles, "tiles.csv") + "\n"
 
 
+# ------------------------------------------------------------------ causal ablation
+
+# causal.csv's modes (causal.cpp): what each switches off.
+CAUSAL_MODES = {"fast": "skip + diagonal-only masking",
+                "no_skip": "skipping off",
+                "mask_every": "diagonal-only masking off"}
+
+
+def causal_ms(rows, stage, d, causal, mode, n):
+    hit = [r for r in rows if r["stage"] == stage and int(r["d"]) == d and r["causal"] == causal
+           and r["mode"] == mode and int(r["N"]) == n and r["median ms"]]
+    return float(hit[0]["median ms"]) if hit else None
+
+
+def causal_speedups(rows, stages, ns, title):
+    """Per stage and d, for each N: time without one half of the lesson over
+    time with both, and non-causal time over causal (the paper's comparison)."""
+    lines = [title, "", "| stage | d | speed-up of | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| --- | ---: | --- |" + " ---: |" * len(ns)]
+    what = [("skipping", "1", "no_skip", "1"),
+            ("diagonal-only masking", "1", "mask_every", "1"),
+            ("causal over non-causal", "0", "fast", "1"),
+            ("diagonal-only masking, non-causal", "0", "mask_every", "0")]
+    for stage in stages:
+        for d in sorted({int(r["d"]) for r in rows}):
+            for label, causal_off, mode_off, causal_on in what:
+                cells = []
+                for n in ns:
+                    off = causal_ms(rows, stage, d, causal_off, mode_off, n)
+                    on = causal_ms(rows, stage, d, causal_on, "fast", n)
+                    cells.append(f"×{off / on:.2f}" if off and on else "–")
+                if any(c != "–" for c in cells):
+                    lines.append(f"| {stage} | {d} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def causal_tflops(rows, stage, ns):
+    """One stage's TFLOP/s in every mode, causal and not, against N."""
+    lines = [f"**{stage}** (TFLOP/s, 4·B·H·N²·d, halved if causal, in every mode: a mode's "
+             "FLOPs are the useful ones)", "",
+             "| d | causal | mode | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| ---: | --- | --- |" + " ---: |" * len(ns)]
+    for d in sorted({int(r["d"]) for r in rows}):
+        for causal in ("0", "1"):
+            for mode, label in CAUSAL_MODES.items():
+                sel = [r for r in rows if r["stage"] == stage and int(r["d"]) == d
+                       and r["causal"] == causal and r["mode"] == mode]
+                if not sel:
+                    continue
+                cells = []
+                for n in ns:
+                    hit = [r for r in sel if int(r["N"]) == n]
+                    cells.append(peer_cell(hit))
+                lines.append(f"| {d} | {'yes' if causal == '1' else 'no'} | {mode} ({label}) | "
+                             + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+CAUSAL_RULE = ("speed-up = median time with that half of FlashAttention-2's lesson switched off "
+               "(CausalMode, common/tile_mask.h) ÷ median time with both on; causal over "
+               "non-causal = the non-causal problem's time ÷ the causal one's, the comparison "
+               "behind the paper's 1.7–1.8x; B = 16384/N, H = 2048/d, fp32")
+
+
+def causal_body(rows, stages=None):
+    """<!-- results:causal -->: the ablation of causal.csv (causal.py), for the stages
+    given (a stage README: its own, with TFLOP/s per mode) or all (README.md)."""
+    if not rows:
+        return not_recorded("The causal ablation (tile skipping and diagonal-only masking, "
+                            "each switched off in turn)", "build causal")
+    mine = list(dict.fromkeys(r["stage"] for r in rows
+                              if stages is None or r["stage"] in stages))
+    if not mine:
+        return not_recorded("This stage's causal ablation", "build causal")
+    ns = sorted({int(r["N"]) for r in rows})
+    parts = [causal_speedups(rows, mine, ns, f"**Causal masking, measured** ({CAUSAL_RULE}):")]
+    if stages is not None:
+        parts += [causal_tflops(rows, s, ns) for s in mine]
+    bad = [r for r in rows if r["stage"] in mine and r["check"] != "ok"]
+    if bad:
+        parts.append(f"_{len(bad)} run(s) not ok against the fp64 reference: see causal.csv's "
+                     "check and note columns._\n")
+    plot = "docs/results/plots/causal.png" if stages is None else "../../docs/results/plots/causal.png"
+    return ("\n".join(parts) + "\n" + provenance(rows, "causal.csv") + "\n\n"
+            f"![Time with skipping or diagonal-only masking off over time with both on]({plot})\n")
+
+
+# ------------------------------------------------------------------ 05 against 06 split-Q
+
+# split_q_profile.csv's columns in stage 06's table: (column, label, how to show it).
+SPLIT_Q_ROWS = [
+    ("duration_ns", "time under ncu, ms", "ms"), ("registers", "registers per thread", "int"),
+    ("smem_per_block", "shared memory per block, KiB", "kib"),
+    ("blocks_limit_registers", "blocks per SM allowed by registers", "int"),
+    ("blocks_limit_smem", "blocks per SM allowed by shared memory", "int"),
+    ("occupancy_theoretical_pct", "theoretical occupancy, %", "f1"),
+    ("occupancy_pct", "achieved occupancy, %", "f1"),
+    ("warps_active_per_scheduler", "active warps per scheduler", "f2"),
+    ("warps_eligible_per_scheduler", "eligible warps per scheduler", "f2"),
+    ("issue_active_pct", "issue slots busy, %", "f1"),
+    ("no_issue_pct", "cycles with no issue, %", "f1"), ("ipc", "IPC (warp instr. per cycle)", "f2"),
+    ("instructions", "warp instructions", "count"),
+    ("ffma_thread_inst", "FFMA (thread instructions)", "count"),
+    ("shared_ld_inst", "shared loads (warp instructions)", "count"),
+    ("fma_pipe_pct", "FMA pipe busy, %", "f1"),
+    ("smem_ld_wavefronts", "shared-load wavefronts", "count"),
+    ("smem_ld_conflicts", "bank conflicts, shared loads", "count"),
+    ("smem_st_conflicts", "bank conflicts, shared stores", "count"),
+    ("local_ld_bytes", "local (spill) bytes loaded", "count"),
+] + [(f"stall_{s}", f"stall: {s.replace('_', ' ')}, cycles per issue", "f2")
+     for s in ("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle",
+               "mio_throttle", "not_selected", "dispatch_stall", "no_instruction",
+               "branch_resolving", "lg_throttle")]
+
+
+def show_counter(v, how):
+    if v in ("", None):
+        return "–"
+    x = float(v)
+    return {"ms": f"{x / 1e6:.3g}", "int": f"{x:.0f}", "kib": f"{x / 1024:.1f}",
+            "f1": f"{x:.1f}", "f2": f"{x:.2f}", "count": count(x)}[how]
+
+
+def split_q_profile_body(rows):
+    """stages/06_warp_split/README.md's <!-- results:split_q_profile -->: stage 05 and
+    split-Q side by side under ncu (split_q_profile.py), with split-Q over 05."""
+    if not rows:
+        return ("_Not profiled yet; on a GPU, `python3 tests/bench/split_q_profile.py "
+                "--flashstep build/stages/cli/flashstep --out docs/results/split_q_profile.csv` "
+                "records it, then `python3 tests/bench/tables.py`._\n")
+    out = []
+    for d in sorted({int(r["d"]) for r in rows}):
+        mine = [r for r in rows if int(r["d"]) == d]
+        a = next((r for r in mine if r["stage"] == "05_sequence_parallel"), None)
+        b = next((r for r in mine if r["stage"] == "06_warp_split_q"), None)
+        r0 = mine[0]
+        lines = [f"**d = {d}**, N = {r0['N']}, B = {r0['B']}, H = {r0['H']}, non-causal, one run "
+                 "each under `ncu --clock-control none`:", "",
+                 "| counter | 05_sequence_parallel | 06_warp_split_q | 06 ÷ 05 |",
+                 "| --- | ---: | ---: | ---: |"]
+        for column, label, how in SPLIT_Q_ROWS:
+            va, vb = (a or {}).get(column, ""), (b or {}).get(column, "")
+            if not va and not vb:
+                continue
+            ratio = (f"{float(vb) / float(va):.2f}" if va and vb and float(va) != 0 else "–")
+            lines.append(f"| {label} | {show_counter(va, how)} | {show_counter(vb, how)} | "
+                         f"{ratio} |")
+        notes = [f"{r['stage']}: {r['note']}" for r in mine if r.get("note")]
+        if notes:
+            lines += ["", "_" + "; ".join(notes) + "._"]
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out) + "\n" + provenance(rows, "split_q_profile.csv") + "\n"
+
+
 def replace_between(text, tag, body):
     pattern = re.compile(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", re.S)
     if not pattern.search(text):
@@ -760,7 +922,9 @@ def main():
                     if traffic32 else "")
     body_backward = backward_body()
     body_tc = tensor_core_body(rows16, peers, ceilings)
-    edits[readme] = [("results:forward", body_fwd), ("results:traffic", body_traffic),
+    causal, split_q_profile = read("causal.csv"), read("split_q_profile.csv")
+    edits[readme] = [("results:causal", causal_body(causal)),
+                     ("results:forward", body_fwd), ("results:traffic", body_traffic),
                      ("results:long", long_table(fp32_only(read("long.csv")))),
                      ("results:glance", glance_table(fwd, rows16)),
                      ("results:backward", body_backward), ("results:tensor_core", body_tc)]
@@ -788,7 +952,10 @@ def main():
         # A stage README may also carry the whole sweep with the peers
         # (stage 06 does: its target is the fp32 peer).
         edits[path] = [("results", "\n".join(parts) + ("\n" if parts else "")),
-                       ("results:forward", body_fwd), ("results:backward", body_backward)]
+                       ("results:forward", body_fwd), ("results:backward", body_backward),
+                       ("results:causal", causal_body(causal, [s for s in CAUSAL_STAGES
+                                                               if s.startswith(folder[:3])])),
+                       ("results:split_q_profile", split_q_profile_body(split_q_profile))]
 
     # The course track's benchmark (course_bench.py) in its assignment page.
     from course_tables import course_edits

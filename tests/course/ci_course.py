@@ -31,8 +31,8 @@ BUGS = [
      "// (rescale of O~_i forgotten)",
      "O differs from the fp64 reference"),
     ("off-by-one causal mask", MIRROR,
-     "S_ij[static_cast<size_t>(r * C + c)] = c < visible ? s : -kInf;",
-     "S_ij[static_cast<size_t>(r * C + c)] = c <= visible ? s : -kInf;",
+     "S_ij[static_cast<size_t>(r * C + c)] = !test || chip.mask_test(c < visible) ? s : -kInf;",
+     "S_ij[static_cast<size_t>(r * C + c)] = !test || chip.mask_test(c <= visible) ? s : -kInf;",
      "only causal cases fail"),
     ("unwritten tail", MIRROR,
      "for (std::int64_t i = 0; i < q_blocks(p); ++i) attend_q_block(",
@@ -46,8 +46,8 @@ REFERENCE_BW = "05_sequence_parallel"
 MIRROR_BW = "sequence_parallel_backward_mirror.cpp"
 BUGS_BW = [
     ("backward: off-by-one causal mask", MIRROR_BW,
-     "const float P_rc = c < visible ? e : 0.0f;",
-     "const float P_rc = c <= visible ? e : 0.0f;",
+     "const float P_rc = whole || chip.mask_test(c < visible) ? e : 0.0f;",
+     "const float P_rc = whole || chip.mask_test(c <= visible) ? e : 0.0f;",
      "only causal cases fail"),
     ("backward: dS scaled in log2 units", MIRROR_BW,
      "const float dS_rc = chip.mul(chip.mul(P_rc, chip.sub(dP, D_r)), scale);",
