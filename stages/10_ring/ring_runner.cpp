@@ -47,15 +47,6 @@ void nccl_check(ncclResult_t status, const std::string& what) {
   }
 }
 
-ncclDataType_t nccl_type(DType t) {
-  switch (t) {
-    case DType::kFp32: return ncclFloat32;
-    case DType::kFp16: return ncclFloat16;
-    case DType::kBf16: return ncclBfloat16;
-  }
-  throw Error("ring: unknown element type");
-}
-
 std::string gib(std::int64_t bytes) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1)
@@ -289,16 +280,19 @@ void RingRun::Impl::launch() {
       nccl_check(ncclGroupStart(), "ring: ncclGroupStart");
       for (Gpu& g : gpus) {
         const Step st = s.step(g.device, t);
-        const ncclDataType_t type = nccl_type(p.dtype);
         for (const auto& [offset, n] : block_parts(p, s, lay, st.origin)) {
+          // Point-to-point moves bytes: no reduction, so the element type
+          // does not matter to NCCL (and needs no ncclBfloat16).
           nccl_check(ncclSend(at(g.kv[static_cast<size_t>(st.compute_from)], offset, E),
-                              static_cast<size_t>(n), type, s.next(g.device), g.nccl, g.comm),
+                              static_cast<size_t>(n * E), ncclUint8, s.next(g.device), g.nccl,
+                              g.comm),
                      "ring: ncclSend");
           g.bytes_sent += n * E;
         }
         for (const auto& [offset, n] : block_parts(p, s, lay, s.origin(s.prev(g.device), t))) {
           nccl_check(ncclRecv(at(g.kv[static_cast<size_t>(st.recv_into)], offset, E),
-                              static_cast<size_t>(n), type, s.prev(g.device), g.nccl, g.comm),
+                              static_cast<size_t>(n * E), ncclUint8, s.prev(g.device), g.nccl,
+                              g.comm),
                      "ring: ncclRecv");
         }
       }
