@@ -29,6 +29,12 @@ and from causal.csv (causal.py), once recorded:
   causal.png               stages 03-06 with tile skipping, then diagonal-only masking,
                            switched off: time off ÷ time on against N, per d
 
+and from ring.csv (ring.py: stage 10 on several GPUs), once recorded:
+
+  ring_scaling.png         weak scaling's efficiency against tokens per GPU, and strong
+                           scaling's speed-up against GPUs, non-causal and causal with
+                           contiguous and zig-zag chunks
+
 The fp32 plots show fp32 rows only (a row without a dtype column is fp32).
 
 and plots.json, the fingerprint (sha256) of the CSVs and of this script the
@@ -68,7 +74,7 @@ RESULTS = tables.RESULTS
 PLOTS = os.path.join(RESULTS, "plots")
 SIDECAR = os.path.join(PLOTS, "plots.json")
 INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv", "backward.csv",
-          "backward_memory.csv", "forward16.csv", "ablation.csv", "causal.csv")
+          "backward_memory.csv", "forward16.csv", "ablation.csv", "causal.csv", "ring.csv")
 FLASHSTEP = os.path.join(ROOT, "build", "stages", "cli", "flashstep")
 # backward_memory.png: the stages whose allocation the CLI's model gives, the
 # N it is drawn at (B = 1, H = 2048/d, as backward_memory.csv), and the sources
@@ -836,6 +842,57 @@ def ablation_figure(rows16, peers, ablation):
     return fig
 
 
+def ring_figure(ring):
+    """Stage 10: weak scaling's efficiency (TFLOP/s per GPU over one GPU's, at the same
+    tokens per GPU) and strong scaling's speed-up (one GPU's time over P GPUs')."""
+    import matplotlib.pyplot as plt
+    from ring_tables import VARIANTS, variant
+    fig, (weak_ax, strong_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
+    styles = dict(zip(VARIANTS, STAGE_STYLE))
+    weak = [r for r in ring if r["part"] == "weak"]
+    one = {(variant(r), int(r["Nq"])): num(r["TFLOP/s"]) for r in weak if r["gpus"] == "1"}
+    for v in VARIANTS:
+        for p in sorted({int(r["gpus"]) for r in weak if r["gpus"] != "1"}):
+            pts = sorted((int(r["Nq"]) // p, num(r["TFLOP/s per GPU"]) / one[(v, int(r["Nq"]) // p)])
+                         for r in weak if variant(r) == v and int(r["gpus"]) == p
+                         and one.get((v, int(r["Nq"]) // p)) and num(r["TFLOP/s per GPU"]))
+            if pts:
+                color, marker, line = styles[v]
+                weak_ax.plot([x for x, _ in pts], [100 * y for _, y in pts], color=color,
+                             marker=marker, linestyle=line, label=f"{v}, {p} GPUs")
+    weak_ax.axhline(90, color="grey", linestyle=":", label="the issue's target, 90%")
+    ns = sorted({int(r["Nq"]) // int(r["gpus"]) for r in weak})
+    if ns:
+        log2_n_axis(weak_ax, ns)
+    weak_ax.set_xlabel("tokens per GPU")
+    weak_ax.set_ylabel("efficiency, % of one GPU's TFLOP/s per GPU")
+    weak_ax.set_title("weak scaling")
+    weak_ax.legend(fontsize=8)
+    strong = [r for r in ring if r["part"] == "strong"]
+    base = {variant(r): num(r["median ms"]) for r in strong if r["gpus"] == "1"}
+    gpus = sorted({int(r["gpus"]) for r in strong})
+    for v in VARIANTS:
+        pts = sorted((int(r["gpus"]), base[v] / num(r["median ms"])) for r in strong
+                     if variant(r) == v and base.get(v) and num(r["median ms"]))
+        if pts:
+            color, marker, line = styles[v]
+            strong_ax.plot([x for x, _ in pts], [y for _, y in pts], color=color, marker=marker,
+                           linestyle=line, label=v)
+    if gpus:
+        strong_ax.plot(gpus, gpus, color="grey", linestyle=":", label="ideal")
+        strong_ax.set_xticks(gpus)
+    n = f"N = {int(strong[0]['Nq']):,}" if strong else "not recorded"
+    strong_ax.set_xlabel("GPUs")
+    strong_ax.set_ylabel("speed-up over one GPU")
+    strong_ax.set_title(f"strong scaling, {n}")
+    strong_ax.grid(True, alpha=0.3)
+    strong_ax.legend(fontsize=8)
+    fig.suptitle("Stage 10, ring attention: B = 1, H = 8, d = 128, bf16, partials by 07_tensor_core"
+                 f"\n{provenance(ring, 'ring.csv')}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------ main
 
 def draw(out, flashstep=FLASHSTEP):
@@ -843,7 +900,8 @@ def draw(out, flashstep=FLASHSTEP):
     import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "flashstep"  # no randomness anywhere
-    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal = (read(n) for n in INPUTS)
+    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal, ring = (
+        read(n) for n in INPUTS)
     fwd = fp32_only(fwd)
     if not fwd:
         sys.exit("plots: no docs/results/forward.csv (run tests/bench/sweep.py on a GPU)")
@@ -902,6 +960,11 @@ def draw(out, flashstep=FLASHSTEP):
         drawn.append("causal.png")
     else:
         print("plots: no docs/results/causal.csv (tests/bench/causal.py): no causal plot")
+    if ring:
+        save(ring_figure(ring), "ring_scaling.png", out)
+        drawn.append("ring_scaling.png")
+    else:
+        print("plots: no docs/results/ring.csv (tests/bench/ring.py, 2 GPUs or more): no ring plot")
     return drawn, model
 
 

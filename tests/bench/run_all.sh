@@ -30,6 +30,9 @@
 #             N = 4096, d = 64: why split-Q is slower there; skipped without ncu)
 #   ablation  ablation.py       -> ablation.csv (ncu on each step of stage 07's ladder and on
 #             FlashAttention-2's kernel; skipped without ncu, kept old if no counters)
+#   ring      ring.py           -> ring.csv     (stage 10 on every visible GPU, needs 2 or more:
+#             weak and strong scaling, the longest N, the overlap switched off; RING_ARGS
+#             picks parts, e.g. "--parts weak"; the rows are added to those already recorded)
 #   tables    tables.py         -> the README tables
 #   plots     plots.py          -> docs/results/plots/ (skipped without matplotlib)
 #
@@ -62,10 +65,11 @@
 # TRAFFIC_ARGS (extra flags for traffic.py, e.g. "--N 8192 --d 64"),
 # TILES_ARGS (flags for flashstep_tile_sweep, e.g. "--d 128 --N 4096"),
 # CAUSAL_ARGS (flags for flashstep_causal, e.g. "--d 64 --N 4096"),
-# ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64").
+# ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64"),
+# RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast").
 set -uo pipefail
 all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal splitq ablation
-           tables plots)
+           ring tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -85,6 +89,7 @@ read -r -a traffic_args <<<"${TRAFFIC_ARGS:-}"
 read -r -a tiles_args <<<"${TILES_ARGS:-}"
 read -r -a causal_args <<<"${CAUSAL_ARGS:-}"
 read -r -a ablation_args <<<"${ABLATION_ARGS:-}"
+read -r -a ring_args <<<"${RING_ARGS:-}"
 if [ -z "${FLASHSTEP_COMMIT:-}" ]; then
   FLASHSTEP_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
   if [ "$FLASHSTEP_COMMIT" != unknown ] && ! git diff --quiet HEAD -- 2>/dev/null; then
@@ -249,6 +254,17 @@ for s in "${steps[@]}"; do
       else
         say "ablation: skipped, ncu read no counters here (see $log/ablation.csv); $results/ablation.csv left as it was"
       fi
+      ;;
+    ring)
+      if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -lt 2 ]; then
+        say "ring: skipped, fewer than 2 GPUs; $results/ring.csv left as it was"
+        continue
+      fi
+      [ -s "$results/ring.csv" ] && cp "$results/ring.csv" "$log/ring.csv"
+      step build_ring cmake --build "$build" --target flashstep_ring \
+        && step ring "$py" tests/bench/ring.py --flashstep-ring "$build/stages/10_ring/flashstep_ring" \
+          --append --out "$log/ring.csv" "${ring_args[@]}"
+      record ring ring.csv
       ;;
     device)
       step device "$py" tests/bench/device.py --flashstep "$exe" --out "$log/device.csv"

@@ -11,7 +11,9 @@ backward's CSVs (backward.py: backward.csv, backward_memory.csv,
 backward_determinism.csv; traffic.py --backward: backward_traffic.csv) fill
 <!-- results:backward:begin/end --> wherever it appears; the course track's
 docs/results/course.csv (course_bench.py) fills <!-- results:course:begin/end -->
-in docs/assignments/07_pytorch_triton.md (course_tables.py). The fp32
+in docs/assignments/07_pytorch_triton.md (course_tables.py), and stage 10's
+docs/results/ring.csv (ring.py) fills <!-- results:ring:begin/end --> in
+README.md and stages/10_ring/README.md (ring_tables.py). The fp32
 peers become extra rows of the forward tables. docs/results/causal.csv
 (causal.py: stages 03-06 with tile skipping and diagonal-only masking switched
 off in turn) fills <!-- results:causal:begin/end --> in README.md and in the
@@ -960,6 +962,10 @@ def main():
     # The course track's benchmark (course_bench.py) in its assignment page.
     from course_tables import course_edits
     edits.update(course_edits(ROOT, read))
+    # Stage 10, ring attention (ring.py), in README.md and the stage's README.
+    from ring_tables import ring_edits
+    for path, subs in ring_edits(ROOT, read).items():
+        edits.setdefault(path, []).extend(subs)
 
     stale = []
     for path, subs in edits.items():
