@@ -8,12 +8,13 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <functional>
 #include <sstream>
 #include <string>
 #include <utility>
 
+#include "cli.h"
+#include "common/check.h"
 #include "common/error.h"
 #include "ring_model.h"
 
@@ -30,9 +31,6 @@ constexpr std::int64_t kDefaultHeadDim = 128;
 // a million GPUs.
 constexpr std::int64_t kMaxRepeats = 100000;
 constexpr std::int64_t kMaxGpus = 1024;
-// The fp64 check covers every query row while heads * Nq * Nk * d stays under
-// this many multiply-adds (about a second on one core), as flashstep's does.
-constexpr double kReferenceMacBudget = 4e8;
 // Rows of each chunk the fp64 check covers at least, however long N.
 constexpr std::int64_t kCheckedRowsPerChunk = 2;
 
@@ -165,19 +163,9 @@ RingOptions parse_ring_args(const std::vector<std::string>& args) {
   o.problem.d = kDefaultHeadDim;
   CLI::App app(kDescription, "flashstep_ring");
   define(app, o);
-  try {
-    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them reversed
-  } catch (const CLI::CallForHelp&) {
+  if (!cli::parse_command_line(app, args)) {  // flashstep's parse, messages and all
     o.mode = Mode::kHelp;
     return o;
-  } catch (const CLI::ArgumentMismatch&) {
-    const std::string& last = args.back();  // an option at the end, without its value
-    throw Error(last.substr(0, last.find('=')) + " expects a value");
-  } catch (const CLI::ParseError& e) {
-    throw Error(e.what());
-  }
-  if (const std::vector<std::string> extra = app.remaining(true); !extra.empty()) {
-    throw Error("unknown argument '" + extra.front() + "'");
   }
   if (app.got_subcommand("model")) o.mode = Mode::kModel;
   if (o.mode == Mode::kModel && o.gpus == 0) o.gpus = kModelDefaultGpus;
@@ -242,10 +230,7 @@ cli::Report model_report(const Problem& p, const Schedule& s, const Stage& stage
 }
 
 std::int64_t check_row_step(const Problem& p, const Schedule& s) {
-  const double macs = static_cast<double>(p.heads()) * static_cast<double>(p.Nq) *
-                      static_cast<double>(p.Nk) * static_cast<double>(p.d);
-  const std::int64_t budget_step =
-      std::max<std::int64_t>(static_cast<std::int64_t>(std::ceil(macs / kReferenceMacBudget)), 1);
+  const std::int64_t budget_step = reference_row_step(p);  // as flashstep checks
   const std::int64_t smallest_chunk = s.chunk(0).size();  // sizes grow with the index
   return std::clamp<std::int64_t>(smallest_chunk / kCheckedRowsPerChunk, 1, budget_step);
 }

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -33,9 +32,6 @@ namespace {
 constexpr std::int64_t kDefaultHeads = 8;
 constexpr std::int64_t kDefaultSeqLen = 1024;
 constexpr std::int64_t kDefaultHeadDim = 64;
-// The fp64 reference checks every row while B*H*Nq*Nk*d stays under this many
-// multiply-adds (about a second on one core); above it, every k-th row.
-constexpr double kReferenceMacBudget = 4e8;
 // The reference gradients hold P, dP and dS of one head in double, Nq x Nk
 // each, and have no row sampling: above these sizes the CLI leaves gradients
 // unchecked (the tests check them) rather than take minutes and gigabytes.
@@ -598,18 +594,11 @@ std::string usage() {
   return app.help();
 }
 
-Options parse_args(const std::vector<std::string>& args) {
-  Options o;
-  o.problem.H = kDefaultHeads;
-  o.problem.Nq = o.problem.Nk = kDefaultSeqLen;
-  o.problem.d = kDefaultHeadDim;
-  CLI::App app(kDescription, "flashstep");
-  define(app, o);
+bool parse_command_line(CLI::App& app, const std::vector<std::string>& args) {
   try {
     app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them reversed
   } catch (const CLI::CallForHelp&) {
-    o.mode = Mode::kHelp;
-    return o;  // --help needs nothing else to be right
+    return false;
   } catch (const CLI::ArgumentMismatch&) {
     // The one mismatch these options can meet: the last argument is an
     // option that needs a value (as --N or --N=).
@@ -620,6 +609,20 @@ Options parse_args(const std::vector<std::string>& args) {
   }
   if (const std::vector<std::string> extra = app.remaining(true); !extra.empty()) {
     throw Error("unknown argument '" + extra.front() + "'");
+  }
+  return true;
+}
+
+Options parse_args(const std::vector<std::string>& args) {
+  Options o;
+  o.problem.H = kDefaultHeads;
+  o.problem.Nq = o.problem.Nk = kDefaultSeqLen;
+  o.problem.d = kDefaultHeadDim;
+  CLI::App app(kDescription, "flashstep");
+  define(app, o);
+  if (!parse_command_line(app, args)) {
+    o.mode = Mode::kHelp;
+    return o;  // --help needs nothing else to be right
   }
   if (app.got_subcommand("model")) o.mode = Mode::kModel;
   if (app.got_subcommand("info")) o.mode = Mode::kInfo;
@@ -714,10 +717,7 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   // in, each made when a stage first needs it: the fp64 reference (and in 16
   // bits the naive computation in the type) on every row while the problem is
   // small, else on every step-th query row.
-  const double macs = static_cast<double>(p.heads()) * static_cast<double>(p.Nq) *
-                      static_cast<double>(p.Nk) * static_cast<double>(p.d);
-  const std::int64_t step =
-      std::max<std::int64_t>(static_cast<std::int64_t>(std::ceil(macs / kReferenceMacBudget)), 1);
+  const std::int64_t step = reference_row_step(p);
   std::map<DType, ForwardTruth> truths;
   auto truth_for = [&](DType t) -> const ForwardTruth& {
     if (const auto it = truths.find(t); it != truths.end()) return it->second;

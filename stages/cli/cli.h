@@ -12,6 +12,10 @@
 
 #include "common/problem.h"
 
+namespace CLI {
+class App;
+}
+
 namespace flashstep::cli {
 
 /// What `flashstep` prints.
@@ -52,6 +56,14 @@ Options parse_args(const std::vector<std::string>& args);
 
 /// The usage text.
 std::string usage();
+
+/// Reads `args` (without the program name) into `app` the way every
+/// flashstep command does, with each failure in flashstep's words: throws
+/// flashstep::Error "--N expects a value" for an option at the end without
+/// its value, "unknown argument 'X'" for anything left over, and CLI11's own
+/// message for the rest. Returns false when --help was asked (nothing else is
+/// checked then), true otherwise. `flashstep_ring` parses with it too.
+bool parse_command_line(CLI::App& app, const std::vector<std::string>& args);
 
 /// Runs `flashstep` with `args`; writes results to `out` and errors (one line
 /// each, prefixed "flashstep: ") to `err`. Returns the process exit code:

@@ -87,6 +87,13 @@ Comparison compare(const float* got, const std::vector<double>& want, Tolerance 
   return c;
 }
 
+std::int64_t reference_row_step(const Problem& p) {
+  const double macs = static_cast<double>(p.heads()) * static_cast<double>(p.Nq) *
+                      static_cast<double>(p.Nk) * static_cast<double>(p.d);
+  return std::max<std::int64_t>(static_cast<std::int64_t>(std::ceil(macs / kReferenceMacBudget)),
+                                1);
+}
+
 ForwardTruth forward_truth(const Problem& p, const Inputs& in, std::int64_t row_step) {
   ForwardTruth truth;
   truth.dtype = p.dtype;

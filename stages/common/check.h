@@ -107,6 +107,15 @@ struct ForwardTruth {
   std::vector<double> naive_O;  ///< fp16/bf16 only: naive_low_precision_rows; empty in fp32
 };
 
+/// The fp64 reference checks every query row while B*H*Nq*Nk*d stays under
+/// this many multiply-adds (about a second on one core); above it, every
+/// k-th row (reference_row_step), so large problems stay checkable.
+inline constexpr double kReferenceMacBudget = 4e8;
+
+/// The row step that keeps p's fp64 reference within kReferenceMacBudget:
+/// 1 (every row) for small problems, ceil(B*H*Nq*Nk*d / budget) above.
+std::int64_t reference_row_step(const Problem& p);
+
 /// The truth for p.dtype from the host inputs as drawn or loaded (fp32, not
 /// yet rounded: this rounds a copy, as the runner rounds what it sends to the
 /// device), on query rows 0, row_step, 2*row_step, ... of every head.

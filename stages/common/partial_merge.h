@@ -23,11 +23,7 @@
 
 #include <cmath>  // INFINITY: a constant nvcc takes in device code, unlike numeric_limits
 
-#if defined(__CUDACC__)
-#define FLASHSTEP_HOST_DEVICE __host__ __device__
-#else
-#define FLASHSTEP_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 namespace flashstep {
 

@@ -14,11 +14,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FLASHSTEP_HOST_DEVICE __host__ __device__
-#else
-#define FLASHSTEP_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 namespace flashstep {
 

@@ -31,13 +31,9 @@
 // mode's O and L bit for bit those of fast. Without a usable CUDA device it
 // says why in one line and exits 77 (skipped) with --ragged, 1 otherwise.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <iomanip>
 #include <iostream>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,6 +41,7 @@
 #include "04_fa2_q_outer/fa2_q_outer.h"
 #include "05_sequence_parallel/sequence_parallel.h"
 #include "06_warp_split/warp_split.h"
+#include "bench_tool.h"
 #include "common/check.h"
 #include "common/device.h"
 #include "common/error.h"
@@ -54,24 +51,11 @@
 namespace {
 
 using namespace flashstep;
+using namespace flashstep::bench;
 
-// The sweep settings of the FlashAttention-2 paper (tests/bench/sweep.py).
-constexpr std::int64_t kHidden = 2048;   // H = kHidden / d
-constexpr std::int64_t kTokens = 16384;  // B = kTokens / N
-// Rows the fp64 reference computes: every row while heads x Nq x Nk x d stays
-// under this many multiply-adds, else every step-th row (as the CLI does).
-constexpr double kReferenceMacBudget = 4e8;
-constexpr std::uint64_t kSeed = 0;
 // sweep.py's repeats for the short problems: a mode differs by per cents.
 constexpr int kDefaultWarmup = 2;
 constexpr int kDefaultIters = 10;
-constexpr double kMsPerS = 1e3;
-constexpr double kTera = 1e12;
-
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitSkipped = 77;  // CTest's SKIP_RETURN_CODE for the gpu label
 
 using ModeForward = void (*)(const Problem&, const ForwardTensors&, Stream, CausalMode);
 
@@ -134,28 +118,6 @@ struct Options {
   bool ragged = false;
 };
 
-template <typename T>
-std::vector<T> parse_list(const std::string& flag, const std::string& text) {
-  std::vector<T> out;
-  std::stringstream s(text);
-  std::string item;
-  while (std::getline(s, item, ',')) {
-    std::size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || item.empty() || v < 1) {
-      throw Error(flag + ": '" + item + "' is not a positive integer");
-    }
-    out.push_back(static_cast<T>(v));
-  }
-  if (out.empty()) throw Error(flag + ": empty list");
-  return out;
-}
-
 const char* const kUsage =
     "usage: flashstep_causal [--d 64,128] [--N 512,1024,2048,4096,8192,16384]\n"
     "                        [--warmup N] [--iters N]\n"
@@ -193,12 +155,6 @@ Options parse(int argc, char** argv) {
     }
   }
   return o;
-}
-
-std::string sig(double v, int digits) {
-  std::ostringstream s;
-  s << std::setprecision(digits) << v;
-  return s.str();
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -255,11 +211,7 @@ int run_sweep(const Options& o) {
       const Inputs in = random_inputs(p, kSeed);
       for (bool causal : {false, true}) {
         p.causal = causal;
-        const double macs = static_cast<double>(p.heads()) * static_cast<double>(N) *
-                            static_cast<double>(N) * static_cast<double>(d);
-        const auto step = std::max<std::int64_t>(
-            static_cast<std::int64_t>(std::ceil(macs / kReferenceMacBudget)), 1);
-        const ForwardTruth truth = forward_truth(p, in, step);
+        const ForwardTruth truth = forward_truth(p, in, reference_row_step(p));
         for (const Entry& e : kEntries) {
           for (int m = 0; m < 3; ++m) {
             if (!runs(e, p, kModes[m].mode)) continue;

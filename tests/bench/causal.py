@@ -16,16 +16,12 @@ README.md); progress goes to stderr.
         [--causal build/tests/bench/flashstep_causal] [-- --d 64 --N 4096]
 """
 import argparse
-import csv
-import datetime
-import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import gpu_facts, write_csv  # noqa: E402
+from sweep import record_tool  # noqa: E402
 
 DEFAULT_TOOL = Path(__file__).resolve().parents[2] / "build/tests/bench/flashstep_causal"
 
@@ -38,22 +34,7 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     ap.add_argument("args", nargs="*", help="passed to flashstep_causal (after --)")
     args = ap.parse_args()
-    if not (args.causal.is_file() and os.access(args.causal, os.X_OK)):
-        sys.exit(f"causal: no flashstep_causal at {args.causal} "
-                 "(cmake --build build --target flashstep_causal)")
-    # stderr (one line per stage, problem and mode) goes straight through.
-    proc = subprocess.run([str(args.causal), *args.args], stdout=subprocess.PIPE, text=True)
-    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
-    if not rows:
-        sys.exit(f"causal: {args.causal.name} wrote no rows (exit {proc.returncode})")
-    meta = gpu_facts()
-    meta.update(date=datetime.date.today().isoformat(), commit=args.commit)
-    for r in rows:
-        r.update(meta)
-    write_csv(args.out, rows)
-    bad = [r for r in rows if r["check"] != "ok"]
-    print(f"causal: {len(rows)} rows to {args.out}; {len(bad)} not ok", file=sys.stderr)
-    sys.exit(1 if bad or proc.returncode else 0)
+    record_tool("causal", args.causal, args.args, args.out, args.commit)
 
 
 if __name__ == "__main__":

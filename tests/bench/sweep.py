@@ -79,6 +79,28 @@ def gpu_facts():
         return {"gpu": "", "driver": "", "max_sm_clock": ""}
 
 
+def record_tool(label, tool, tool_args, out, commit):
+    """Runs a bench binary that prints CSV rows with a "check" column
+    (flashstep_tile_sweep, flashstep_causal), adds the GPU, driver, date and
+    commit every CSV in docs/results/ names, and writes them to `out`; the
+    binary's stderr (its progress) goes straight through. Exits non-zero when
+    the binary is missing, wrote no rows, failed, or a row's check is not ok."""
+    if not (tool.is_file() and os.access(tool, os.X_OK)):
+        sys.exit(f"{label}: no {tool.name} at {tool} (cmake --build build --target {tool.name})")
+    proc = subprocess.run([str(tool), *tool_args], stdout=subprocess.PIPE, text=True)
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    if not rows:
+        sys.exit(f"{label}: {tool.name} wrote no rows (exit {proc.returncode})")
+    meta = gpu_facts()
+    meta.update(date=datetime.date.today().isoformat(), commit=commit)
+    for r in rows:
+        r.update(meta)
+    write_csv(out, rows)
+    bad = [r for r in rows if r["check"] != "ok"]
+    print(f"{label}: {len(rows)} rows to {out}; {len(bad)} not ok", file=sys.stderr)
+    sys.exit(1 if bad or proc.returncode else 0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")

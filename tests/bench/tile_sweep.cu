@@ -28,17 +28,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <iomanip>
 #include <iostream>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "07_tensor_core/tensor_core.h"
 #include "07_tensor_core/tensor_core_launch.cuh"
+#include "bench_tool.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
@@ -48,26 +45,14 @@
 namespace {
 
 using namespace flashstep;
+using namespace flashstep::bench;
 using tensor_core::Config;
 using tensor_core::Step;
 
-// The sweep settings of the FlashAttention-2 paper (tests/bench/sweep.py).
-constexpr std::int64_t kHidden = 2048;  // H = kHidden / d
-constexpr std::int64_t kTokens = 16384; // B = kTokens / N
-// Rows the fp64 reference computes: every row while heads x Nq x Nk x d stays
-// under this many multiply-adds, else every step-th row (as the CLI does).
-constexpr double kReferenceMacBudget = 4e8;
-constexpr std::uint64_t kSeed = 0;
 // More timed runs than sweep.py's: shapes differ by a few per cent, and a
 // run of this kernel takes milliseconds at most.
 constexpr int kDefaultWarmup = 3;
 constexpr int kDefaultIters = 20;
-constexpr double kMsPerS = 1e3;
-constexpr double kTera = 1e12;
-
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
 
 // One shape: stage 07's kernel with Config<d, kTunedTiles, Br, Bc, Warps>,
 // launched by the stage's own launch_config (tensor_core_launch.cuh).
@@ -140,28 +125,6 @@ struct Options {
   int iters = kDefaultIters;
 };
 
-template <typename T>
-std::vector<T> parse_list(const std::string& flag, const std::string& text) {
-  std::vector<T> out;
-  std::stringstream s(text);
-  std::string item;
-  while (std::getline(s, item, ',')) {
-    std::size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || item.empty() || v < 1) {
-      throw Error(flag + ": '" + item + "' is not a positive integer");
-    }
-    out.push_back(static_cast<T>(v));
-  }
-  if (out.empty()) throw Error(flag + ": empty list");
-  return out;
-}
-
 const char* const kUsage =
     "usage: flashstep_tile_sweep [--d 64,128,256] [--N 1024,4096,16384]\n"
     "                            [--causal both|yes|no] [--warmup N] [--iters N]\n"
@@ -198,12 +161,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string sig(double v, int digits) {
-  std::ostringstream s;
-  s << std::setprecision(digits) << v;
-  return s.str();
-}
-
 int run(const Options& o) {
   std::string why;
   if (!cuda_device_available(&why)) throw Error("no usable CUDA device (" + why + ")");
@@ -221,11 +178,7 @@ int run(const Options& o) {
       const Inputs in = random_inputs(p, kSeed);
       for (bool causal : o.causal) {
         p.causal = causal;
-        const double macs = static_cast<double>(p.heads()) * static_cast<double>(N) *
-                            static_cast<double>(N) * static_cast<double>(d);
-        const auto step = std::max<std::int64_t>(
-            static_cast<std::int64_t>(std::ceil(macs / kReferenceMacBudget)), 1);
-        const ForwardTruth truth = forward_truth(p, in, step);
+        const ForwardTruth truth = forward_truth(p, in, reference_row_step(p));
         for (const TileRun& t : kTiles) {
           if (t.d != d) continue;
           const std::string name = "07_tiles_" + std::to_string(d) + "_" + shape_name(t);

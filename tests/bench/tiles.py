@@ -13,16 +13,12 @@ CSV in docs/results/ names and writes the CSV; progress goes to stderr.
         [--tile-sweep build/tests/bench/flashstep_tile_sweep] [-- --d 64 --N 4096]
 """
 import argparse
-import csv
-import datetime
-import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import gpu_facts, write_csv  # noqa: E402
+from sweep import record_tool  # noqa: E402
 
 DEFAULT_TILE_SWEEP = Path(__file__).resolve().parents[2] / "build/tests/bench/flashstep_tile_sweep"
 
@@ -35,22 +31,7 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     ap.add_argument("args", nargs="*", help="passed to flashstep_tile_sweep (after --)")
     args = ap.parse_args()
-    if not (args.tile_sweep.is_file() and os.access(args.tile_sweep, os.X_OK)):
-        sys.exit(f"tiles: no flashstep_tile_sweep at {args.tile_sweep} "
-                 "(cmake --build build --target flashstep_tile_sweep)")
-    # stderr (one line per shape and problem) goes straight through.
-    proc = subprocess.run([str(args.tile_sweep), *args.args], stdout=subprocess.PIPE, text=True)
-    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
-    if not rows:
-        sys.exit(f"tiles: {args.tile_sweep.name} wrote no rows (exit {proc.returncode})")
-    meta = gpu_facts()
-    meta.update(date=datetime.date.today().isoformat(), commit=args.commit)
-    for r in rows:
-        r.update(meta)
-    write_csv(args.out, rows)
-    bad = [r for r in rows if r["check"] != "ok"]
-    print(f"tiles: {len(rows)} rows to {args.out}; {len(bad)} not ok", file=sys.stderr)
-    sys.exit(1 if bad or proc.returncode else 0)
+    record_tool("tiles", args.tile_sweep, args.args, args.out, args.commit)
 
 
 if __name__ == "__main__":

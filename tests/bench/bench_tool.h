@@ -1,0 +1,58 @@
+/// \file bench_tool.h
+/// \brief What the C++ bench tools (flashstep_tile_sweep, flashstep_causal)
+/// share: the FlashAttention-2 paper's sweep settings, their exit codes, the
+/// parsing of their list flags and the number format of their CSV rows.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace flashstep::bench {
+
+// The sweep settings of the FlashAttention-2 paper (tests/bench/sweep.py).
+inline constexpr std::int64_t kHidden = 2048;   // H = kHidden / d
+inline constexpr std::int64_t kTokens = 16384;  // B = kTokens / N
+inline constexpr std::uint64_t kSeed = 0;       // random_inputs' seed, as sweep.py's
+inline constexpr double kMsPerS = 1e3;
+inline constexpr double kTera = 1e12;
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitSkipped = 77;  // CTest's SKIP_RETURN_CODE for the gpu label
+
+/// A comma-separated list of positive integers ("64,128"), read in base 10
+/// as the CLI reads numbers (std::from_chars); throws flashstep::Error naming
+/// the flag and the first item that is not one.
+template <typename T>
+std::vector<T> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<T> out;
+  std::stringstream s(text);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    T v = 0;
+    const char* end = item.data() + item.size();
+    const auto [rest, ec] = std::from_chars(item.data(), end, v);
+    if (item.empty() || ec != std::errc() || rest != end || v < 1) {
+      throw Error(flag + ": '" + item + "' is not a positive integer");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) throw Error(flag + ": empty list");
+  return out;
+}
+
+/// v with `digits` significant digits, as the CSV rows write it.
+inline std::string sig(double v, int digits) {
+  std::ostringstream s;
+  s << std::setprecision(digits) << v;
+  return s.str();
+}
+
+}  // namespace flashstep::bench
