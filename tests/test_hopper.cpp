@@ -27,7 +27,7 @@ namespace {
 
 std::vector<const Stage*> stage08_ladder() {
   const auto ladder = flashstep::select_stages("08");
-  REQUIRE(ladder.size() == 2);
+  REQUIRE(ladder.size() == 3);
   return ladder;
 }
 
@@ -125,7 +125,8 @@ TEST_CASE("stage 08's model by hand: one head, Nq = Nk = 256, d = 64; K and V re
   // 4 K/V blocks (C = 256 keys); 2-byte elements, L 4 bytes.
   const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);
   const std::int64_t blocks = 4, R = 64, n = 4, C = 256, d = 64, e = 2;
-  for (const Stage* s : stage08_ladder()) {
+  for (std::string_view name : {"08_step1_wgmma_sync", "08_step2_tma_pipeline"}) {
+    const Stage* s = flashstep::select_stages(name).front();
     CAPTURE(s->name);
     const Cost c = s->model(p);
     CHECK(c.thread_blocks == blocks);
@@ -146,8 +147,24 @@ TEST_CASE("stage 08's model by hand: one head, Nq = Nk = 256, d = 64; K and V re
   CHECK(c07.sram_read_bytes - c08.sram_read_bytes == blocks * (3 * 2 * C * d + R * d) * e);
 }
 
+TEST_CASE("stage 08 step 3's model by hand: two consumer warpgroups share a block of 128 rows") {
+  // Nq = Nk = 256, d = 64: 2 Q blocks of R = 128 rows, each visiting n = 4
+  // K/V blocks; each consumer warpgroup reads its 64 rows of Qi per tile and
+  // all of Kj and Vj: twice the K/V reads of one warpgroup, half the blocks.
+  const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);
+  const std::int64_t blocks = 2, R = 128, n = 4, C = 256, d = 64, e = 2;
+  const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
+  CHECK(c.thread_blocks == blocks);
+  CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
+  CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d) * e);
+  CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+}
+
 TEST_CASE("stage 08, causal: the blocks above the diagonal are skipped, as in stage 07") {
   const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, true), 0.125, DType::kBf16);
-  const Cost c = stage08_ladder().back()->model(p);
-  CHECK(c.skipped_tiles == 0 + 1 + 2 + 3);  // Q block i visits K/V blocks 0..i
+  // 64-row Q block i visits K/V blocks 0..i.
+  CHECK(flashstep::select_stages("08_step2_tma_pipeline").front()->model(p).skipped_tiles ==
+        0 + 1 + 2 + 3);
+  // 128-row Q block i visits K/V blocks 0..2i+1.
+  CHECK(flashstep::select_stages("08_hopper").front()->model(p).skipped_tiles == 2 + 0);
 }

@@ -136,7 +136,9 @@ __device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uin
 /// chain of 4 wgmma over the keys: A is P~ from the S registers (rounded to
 /// Elem; sm90_layout.h's p_source_register says which), B is Vj's column
 /// block read MN-major (keys along k, 16 keys = 2 swizzle atoms = 2048 bytes
-/// per step) with the transpose bit.
+/// per step) with the transpose bit. All of P~ is packed before the fence:
+/// a register written between two wgmma makes ptxas wait for the earlier
+/// ones (it says so: "warpgroup.arrive is injected", C7519).
 template <typename Elem, typename C>
 __device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S)[32],
                                   std::uint32_t v_addr) {
@@ -219,14 +221,14 @@ __device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][
   }
 }
 
-/// Lines 12-13: O_i = O~ / l straight from the registers to global memory
+/// Lines 12-13 for the warpgroup's 64 rows from q_row0 on: O_i = O~ / l straight from the registers to global memory
 /// (pairs of columns per 32-bit store when d is even), L_i = (m + log2 l) ln 2.
 /// A row that saw no key has l = 0: O = 0 and L = -inf.
 template <typename Elem, typename C>
 __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int q_row0,
                                     const float (&O)[C::kColBlocks][32], const float (&m)[2],
                                     const float (&l)[2]) {
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -293,7 +295,7 @@ template <typename Elem, typename C>
 __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& maps,
                                       std::int64_t bh, int i, const Smem<C>& s,
                                       unsigned& tiles_done, unsigned heads_done) {
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int q_row0 = i * kBr;
   const int rows = min(kBr, p.Nq - q_row0);
   auto keys_seen_by = [&](std::int64_t row) -> int {
@@ -403,6 +405,195 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned tiles_done = 0, heads_done = 0;
   for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads_done) {
     attend_q_block<Elem, C>(p, maps, bh, i, s, tiles_done, heads_done);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Step 3: warp specialization (FlashAttention-3 §3.1).
+//
+//   warpgroup 0, producer  setmaxnreg.dec 24; thread 0 alone: for each head,
+//                          wait q_empty, TMA both halves of Qi -> q_full;
+//                          for each K/V tile, wait empty[b], TMA Kj, Vj -> full[b]
+//   warpgroups 1, 2        setmaxnreg.inc 240; rows 64 (w - 1) .. of the block:
+//   consumers              wait q_full; for each tile wait full[b], S = Qi Kj^T,
+//                          softmax, O~ += P~ Vj, arrive on empty[b]; arrive on
+//                          q_empty; write O, L
+//
+// After the split no thread passes a block barrier: the producer's other
+// threads have returned, and every hand-over is an mbarrier.
+
+/// What step 3 fixes at compile time: the names qk_product, pv_product and
+/// online_softmax read, for one consumer warpgroup's 64 rows.
+template <int kHeadDim_>
+struct WsConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
+  static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;
+  static constexpr int kPVSteps = kBc / sm90::kWgmmaK;
+  static constexpr int kConsumers = consumer_warpgroups(Step::kWarpSpecialized);
+  static constexpr int kBlockRows = kConsumers * kBr;  // rows of Q per block
+  static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
+  static constexpr int kKVBytes = kBc * kHeadDim * 2;
+  // Barriers: q_full, q_empty, full[kStages], empty[kStages].
+  static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
+  static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
+                                    2 * kStages * kKVBytes + kBarrierBytes;
+  // Arrivals that free a buffer: every thread of both consumers, each after
+  // its own wgmma_wait<0> (which covers its whole warpgroup's products).
+  static constexpr int kConsumerThreads = kConsumers * kThreads;
+};
+
+template <typename C>
+struct WsSmem {
+  unsigned char* base;  // Qi halves, then kStages x (Kj, Vj), then the barriers
+
+  __device__ explicit WsSmem(unsigned char* raw)
+      : base(raw + (sm90::kSwizzleAtomBytes - sm90::smem_address(raw) % sm90::kSwizzleAtomBytes) %
+                       sm90::kSwizzleAtomBytes) {}
+  /// Consumer w's 64 rows of Qi.
+  __device__ unsigned char* Qi(int w) const { return base + w * C::kQBytes; }
+  __device__ unsigned char* Kj(int b) const {
+    return base + C::kConsumers * C::kQBytes + 2 * b * C::kKVBytes;
+  }
+  __device__ unsigned char* Vj(int b) const { return Kj(b) + C::kKVBytes; }
+  __device__ std::uint64_t* barriers() const {
+    return reinterpret_cast<std::uint64_t*>(Kj(kStages));
+  }
+  __device__ std::uint64_t* q_full() const { return barriers(); }      // Qi landed
+  __device__ std::uint64_t* q_empty() const { return barriers() + 1; } // consumers done with Qi
+  __device__ std::uint64_t* full(int b) const { return barriers() + 2 + b; }
+  __device__ std::uint64_t* empty(int b) const { return barriers() + 2 + kStages + b; }
+};
+
+/// The producer: thread 0 of warpgroup 0 issues every copy of the block's
+/// heads, in the order the consumers use them. A buffer's t-th fill waits
+/// for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e. t % 2 ^ 1
+/// (on a fresh barrier, waiting for parity 1 returns at once).
+template <typename Elem, typename C>
+__device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, const WsSmem<C>& s,
+                               int q_row0, int n_blocks) {
+  unsigned tiles = 0, heads = 0;
+  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
+    const int head = static_cast<int>(bh);
+    sm90::mbarrier_wait(s.q_empty(), heads % 2 ^ 1);  // line 4
+    sm90::mbarrier_arrive_expect_tx(s.q_full(), C::kConsumers * C::kQBytes);
+    for (int w = 0; w < C::kConsumers; ++w) {
+      for (int cb = 0; cb < C::kColBlocks; ++cb) {
+        sm90::tma_load_3d(s.Qi(w) + cb * kBr * sm90::kSwizzleRowBytes, &maps.q, s.q_full(),
+                          64 * cb, q_row0 + w * kBr, head);
+      }
+    }
+    for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {  // line 7
+      const int b = tiles % kStages;
+      sm90::mbarrier_wait(s.empty(b), tiles / kStages % 2 ^ 1);
+      sm90::mbarrier_arrive_expect_tx(s.full(b), 2 * C::kKVBytes);
+      for (int cb = 0; cb < C::kColBlocks; ++cb) {
+        sm90::tma_load_3d(s.Kj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.k, s.full(b), 64 * cb,
+                          j * kBc, head);
+        sm90::tma_load_3d(s.Vj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.v, s.full(b), 64 * cb,
+                          j * kBc, head);
+      }
+    }
+  }
+}
+
+/// Consumer w (0 or 1): Algorithm 1 for rows q_row0 .. q_row0 + 63 of every
+/// head of the block, on the buffers the producer fills.
+template <typename Elem, typename C>
+__device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w, int q_row0,
+                               int n_blocks) {
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
+  auto keys_seen_by = [&](std::int64_t row) -> int {
+    if (!p.causal) return p.Nk;
+    const std::int64_t seen = row + 1 + p.Nk - p.Nq;
+    return static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  };
+  int keys_seen[2];
+  for (int h = 0; h < 2; ++h) {
+    keys_seen[h] = keys_seen_by(static_cast<std::int64_t>(q_row0) + 16 * warp + lane / 4 + 8 * h);
+  }
+  const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
+  const std::uint32_t q_addr = sm90::smem_address(s.Qi(w));
+  unsigned tiles = 0, heads = 0;
+  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
+    float O[C::kColBlocks][32];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+      for (int r = 0; r < 32; ++r) O[cb][r] = 0.0f;
+    }
+    sm90::mbarrier_wait(s.q_full(), heads % 2);
+    for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
+      const int key0 = j * kBc;
+      const int b = tiles % kStages;
+      sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+      float S[32];
+      if (p.negate_q) {
+        qk_product<Elem, C, -1>(S, q_addr, sm90::smem_address(s.Kj(b)));
+      } else {
+        qk_product<Elem, C, 1>(S, q_addr, sm90::smem_address(s.Kj(b)));
+      }
+      if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+      online_softmax<C>(S, O, m, l, p.scale_log2);
+      pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
+      sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
+    }
+    sm90::mbarrier_arrive(s.q_empty());   // and with Qi
+    write_output<Elem, C>(p, bh, q_row0, O, m, l);
+  }
+}
+
+/// This block's first row of Q, and the K/V blocks its last row sees (the
+/// rest lie above the causal diagonal and are skipped).
+struct WsBlock {
+  int row0;
+  int n_blocks;
+};
+template <typename C, typename Elem>
+__device__ inline WsBlock ws_block(const Params<Elem>& p) {
+  const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  const int row0 = (Tr - 1 - static_cast<int>(blockIdx.x)) * C::kBlockRows;  // heaviest first
+  const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
+  const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
+  const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  return {row0, keys == 0 ? 0 : (keys - 1) / kBc + 1};
+}
+
+/// Step 3's kernel: one block of three warpgroups per (Q block of 128
+/// rows, head). The register cap at entry (384 threads, one block per SM:
+/// 168 each) is what setmaxnreg redistributes.
+template <typename Elem, typename C>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    hopper_ws_kernel(const Params<Elem> p, const __grid_constant__ TensorMaps maps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const WsSmem<C> s(smem_raw);
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(s.q_full(), 1);
+    sm90::mbarrier_init(s.q_empty(), C::kConsumerThreads);
+    for (int b = 0; b < kStages; ++b) {
+      sm90::mbarrier_init(s.full(b), 1);
+      sm90::mbarrier_init(s.empty(b), C::kConsumerThreads);
+    }
+    sm90::fence_proxy_async_shared();  // the copy engine sees the initialized barriers
+  }
+  __syncthreads();  // the last block-wide barrier: the roles split here
+  // Nothing computed above lives past setmaxnreg (the producer keeps 24
+  // registers: what lived longer would be spilled), so each role works out
+  // its rows and K/V blocks for itself.
+  if (threadIdx.x / kThreads == 0) {
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const WsBlock blk = ws_block<C>(p);
+      produce<Elem, C>(p, maps, s, blk.row0, blk.n_blocks);
+    }
+  } else {
+    sm90::setmaxnreg_inc<kConsumerRegs>();
+    const WsBlock blk = ws_block<C>(p);
+    const int w = threadIdx.x / kThreads - 1;
+    consume<Elem, C>(p, s, w, blk.row0 + w * kBr, blk.n_blocks);
   }
 #endif
 }

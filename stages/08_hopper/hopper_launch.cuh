@@ -111,6 +111,21 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   launch_with_smem(hopper_kernel<Elem, C>, grid, kThreads, C::kSmemBytes, stream, what, prm, maps);
 }
 
+/// Step 3's kernel: blocks of 128 rows, three warpgroups.
+template <typename Elem, int kHeadDim>
+void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
+  using C = WsConfig<kHeadDim>;
+  const Params<Elem> prm = make_params<Elem>(p, t);
+  TensorMaps maps{};
+  maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d);
+  maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d);
+  maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d);
+  const std::int64_t Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  const dim3 grid(static_cast<unsigned>(Tr), static_cast<unsigned>(std::min(p.heads(), kMaxGridY)));
+  launch_with_smem(hopper_ws_kernel<Elem, C>, grid, kWsThreads, C::kSmemBytes, stream, what, prm,
+                   maps);
+}
+
 template <typename Elem, bool kTma>
 void launch_bucket(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
@@ -123,8 +138,18 @@ void launch_bucket(const Problem& p, const ForwardTensors& t, Stream stream, con
 template <typename Elem, Step kStep>
 void launch_step(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   // TMA needs 16-byte aligned bases and row strides (d % 8 == 0); anything
-  // else runs step 1's copies, the kernel otherwise the same.
-  if constexpr (kStep >= Step::kTmaPipeline) {
+  // else runs step 1's kernel (the same numbers row for row: a row's result
+  // does not depend on which rows share its block).
+  if constexpr (kStep >= Step::kWarpSpecialized) {
+    if (make_params<Elem>(p, t).vec) {
+      switch (head_dim_bucket(p.d)) {
+        case 64: launch_ws<Elem, 64>(p, t, stream, what); break;
+        case 128: launch_ws<Elem, 128>(p, t, stream, what); break;
+        default: launch_ws<Elem, 256>(p, t, stream, what); break;
+      }
+      return;
+    }
+  } else if constexpr (kStep >= Step::kTmaPipeline) {
     if (make_params<Elem>(p, t).vec) {
       launch_bucket<Elem, true>(p, t, stream, what);
       return;

@@ -1,11 +1,12 @@
 // Stage 08's CPU mirror (host only): the kernel of hopper.cuh on the host, its
 // grid, tiles and numerics, counting what hopper_model.cpp counts. Read it
 // beside attend_q_block:
-// - one thread block per (Q block of Br = 64 rows, head), heaviest first;
-//   K/V blocks of Bc = 64 keys from the last visited one down, the causal
-//   blocks above the diagonal skipped;
-// - one warpgroup per block: each wgmma chain reads Qi (S's A operand) once
-//   per tile and Kj, Vj (the B operands) once for all 64 rows;
+// - one thread block per (Q block, head), heaviest first: 64 rows per
+//   consumer warpgroup, one in steps 1-2 and two from step 3; K/V blocks of
+//   Bc = 64 keys from the last visited one down, the causal blocks above
+//   the diagonal skipped;
+// - each consumer warpgroup's wgmma chains read its rows of Qi (S's A
+//   operand) once per tile and Kj, Vj (the B operands) once for its 64 rows;
 // - bf16 or fp16 Q, K, V, O; fp32 S, O~, m, l, L; the online softmax in log2
 //   units with the scale inside the exponential (P~ = 2^fma(S, scale log2 e,
 //   -m) through ex2.approx.ftz); a negative scale as |scale| on -Qi (wgmma's
@@ -65,13 +66,14 @@ void online_softmax_row(float* S_r, std::int64_t C, float* O_r, std::int64_t d,
 
 /// Lines 4-13 for Q block i of head bh (attend_q_block).
 void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std::int64_t i,
-                    float scale_log2, bool negate_q, Chip& chip) {
+                    std::int64_t consumers, float scale_log2, bool negate_q, Chip& chip) {
   const std::int64_t d = p.d;
   const float* Qh = t.Q + bh * p.Nq * d;  // [Nq, d]
   const float* Kh = t.K + bh * p.Nk * d;  // [Nk, d]
   const float* Vh = t.V + bh * p.Nk * d;  // [Nk, d]
-  const std::int64_t row0 = i * kBr;
-  const std::int64_t R = std::min<std::int64_t>(kBr, p.Nq - row0);
+  const std::int64_t Br = consumers * kBr;
+  const std::int64_t row0 = i * Br;
+  const std::int64_t R = std::min<std::int64_t>(Br, p.Nq - row0);
   const std::int64_t n = ceil_div(p.visible_keys(row0 + R - 1), kBc);
   chip.cost.skipped_tiles += ceil_div(p.Nk, kBc) - n;
 
@@ -85,31 +87,38 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     const std::int64_t C = std::min<std::int64_t>(kBc, p.Nk - key0);
     chip.load(Kh + key0 * d, C, d, Kj);  // line 7
     chip.load(Vh + key0 * d, C, d, Vj);
-    // Line 8: one wgmma chain reads all of Qi (negated by imm-scale-a when
-    // the scale is negative) and all of Kj.
-    std::vector<float> Q_frag = chip.fragments(Qi, 0, R);  // [R, d]
-    if (negate_q) {
-      for (float& q : Q_frag) q = -q;
-    }
-    const std::vector<float> K_frag = chip.fragments_transposed(Kj);  // [d, C]
-    std::vector<float> S(static_cast<size_t>(R * C), 0.0f);          // [R, C]
-    for (std::int64_t r = 0; r < R; ++r) {
-      float* S_r = &S[static_cast<size_t>(r * C)];
-      chip.mma_row(&Q_frag[static_cast<size_t>(r * d)], K_frag.data(), d, C, S_r);
-      const std::int64_t visible = p.visible_keys(row0 + r) - key0;
-      for (std::int64_t c = std::max<std::int64_t>(visible, 0); c < C; ++c) S_r[c] = -kInf;
-    }
-    for (std::int64_t r = 0; r < R; ++r) {  // lines 9-10
-      const auto row = static_cast<size_t>(r);
-      online_softmax_row(&S[row * static_cast<size_t>(C)], C, &O_tilde[row * static_cast<size_t>(d)],
-                         d, scale_log2, m_i[row], l_i[row], chip);
-    }
-    // P~ rounded in the registers: the A operand of O~ += P~ Vj.
-    round_to_dtype(p.dtype, S.data(), R * C);
-    const std::vector<float> V_frag = chip.fragments(Vj, 0, C);  // [C, d]
-    for (std::int64_t r = 0; r < R; ++r) {
-      chip.mma_row(&S[static_cast<size_t>(r * C)], V_frag.data(), C, d,
-                   &O_tilde[static_cast<size_t>(r * d)]);
+    // Each consumer warpgroup w in turn, on its rows r0 .. r0 + rows - 1 (none
+    // when they all lie past Nq: it still runs, and reads Kj and Vj).
+    for (std::int64_t w = 0; w < consumers; ++w) {
+      const std::int64_t r0 = std::min(w * kBr, R);
+      const std::int64_t rows = std::min<std::int64_t>(kBr, R - r0);
+      // Line 8: one wgmma chain reads the warpgroup's rows of Qi (negated by
+      // imm-scale-a when the scale is negative) and all of Kj.
+      std::vector<float> Q_frag = chip.fragments(Qi, r0, rows);  // [rows, d]
+      if (negate_q) {
+        for (float& q : Q_frag) q = -q;
+      }
+      const std::vector<float> K_frag = chip.fragments_transposed(Kj);  // [d, C]
+      std::vector<float> S(static_cast<size_t>(rows * C), 0.0f);       // [rows, C]
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* S_r = &S[static_cast<size_t>(r * C)];
+        chip.mma_row(&Q_frag[static_cast<size_t>(r * d)], K_frag.data(), d, C, S_r);
+        const std::int64_t visible = p.visible_keys(row0 + r0 + r) - key0;
+        for (std::int64_t c = std::max<std::int64_t>(visible, 0); c < C; ++c) S_r[c] = -kInf;
+      }
+      for (std::int64_t r = 0; r < rows; ++r) {  // lines 9-10
+        const auto row = static_cast<size_t>(r0 + r);
+        online_softmax_row(&S[static_cast<size_t>(r * C)], C,
+                           &O_tilde[row * static_cast<size_t>(d)], d, scale_log2, m_i[row],
+                           l_i[row], chip);
+      }
+      // P~ rounded in the registers: the A operand of O~ += P~ Vj.
+      round_to_dtype(p.dtype, S.data(), rows * C);
+      const std::vector<float> V_frag = chip.fragments(Vj, 0, C);  // [C, d]
+      for (std::int64_t r = 0; r < rows; ++r) {
+        chip.mma_row(&S[static_cast<size_t>(r * C)], V_frag.data(), C, d,
+                     &O_tilde[static_cast<size_t>((r0 + r) * d)]);
+      }
     }
   }
 
@@ -142,13 +151,14 @@ Cost mirror(const Problem& p, const HostTensors& t) {
   const float scale_log2 = scale == 0.0f ? kMinNormal : scale;
   const bool negate_q = p.softmax_scale() < 0.0;
   Chip chip;
-  const std::int64_t Tr = ceil_div(p.Nq, kBr);
+  const std::int64_t consumers = consumer_warpgroups(kStep);
+  const std::int64_t Tr = ceil_div(p.Nq, consumers * kBr);
   const std::int64_t grid_y = std::min(p.heads(), kMaxGridY);
   chip.cost.thread_blocks = Tr * grid_y;
   for (std::int64_t x = 0; x < Tr; ++x) {
     for (std::int64_t y = 0; y < grid_y; ++y) {
       for (std::int64_t bh = y; bh < p.heads(); bh += grid_y) {
-        attend_q_block(p, t, bh, Tr - 1 - x, scale_log2, negate_q, chip);
+        attend_q_block(p, t, bh, Tr - 1 - x, consumers, scale_log2, negate_q, chip);
       }
     }
   }
@@ -157,5 +167,6 @@ Cost mirror(const Problem& p, const HostTensors& t) {
 
 template Cost mirror<Step::kWgmmaSync>(const Problem&, const HostTensors&);
 template Cost mirror<Step::kTmaPipeline>(const Problem&, const HostTensors&);
+template Cost mirror<Step::kWarpSpecialized>(const Problem&, const HostTensors&);
 
 }  // namespace flashstep::hopper

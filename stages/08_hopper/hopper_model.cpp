@@ -1,7 +1,9 @@
 // Stage 08's closed-form model and registry entries (host only).
 //
 // FlashAttention-2's work (common/fa2_model.cpp states the counting
-// conventions) on this stage's tiles (hopper_tiles.h: Br = Bc = 64), in
+// conventions) on this stage's tiles (hopper_tiles.h: blocks of Br = 64
+// rows per consumer warpgroup, one in steps 1-2 and two from step 3;
+// Bc = 64), in
 // 16-bit elements (L stays 4 bytes); valid elements only. For one head,
 // summed over Q blocks i of R_i valid rows that visit n_i K/V tiles holding
 // C_i = min(n_i Bc, Nk) keys:
@@ -10,11 +12,12 @@
 //   registers.
 // - SRAM writes: Qi, Kj, Vj (by the threads in step 1, by TMA in step 2:
 //   the same bytes).
-// - SRAM reads, as wgmma makes them: the warpgroup's chain reads Qi (the A
-//   operand of S = Qi Kj^T) once per visited tile, and Kj and Vj (the B
-//   operands) once, for all four warps together. Stage 07 read Kj and Vj
-//   once per warp: a warpgroup's B operand serves 64 rows, not 16. P~ is
-//   the A operand in registers and costs nothing.
+// - SRAM reads, as wgmma makes them: each consumer warpgroup's chain reads
+//   its rows of Qi (the A operand of S = Qi Kj^T) once per visited tile, and
+//   Kj and Vj (the B operands) once, for all four of its warps together
+//   (a warpgroup whose rows all lie past Nq still runs, and reads them).
+//   Stage 07 read Kj and Vj once per warp: a warpgroup's B operand serves 64
+//   rows, not 16. P~ is the A operand in registers and costs nothing.
 // - A negative scale is wgmma's imm-scale-a = -1: no extra traffic.
 // - FLOPs as stage 07 counts them: 4 R_i C_i d matmul; per score 5, per row
 //   and visited tile 4 + d (O~'s rescale counted even where skipped), per
@@ -44,12 +47,14 @@ template <Step kStep>
 Cost model(const Problem& p) {
   const std::int64_t e = dtype_bytes(p.dtype);
   const std::int64_t d = p.d;
-  const std::int64_t Tr = ceil_div(p.Nq, kBr);
+  const std::int64_t consumers = consumer_warpgroups(kStep);
+  const std::int64_t Br = consumers * kBr;
+  const std::int64_t Tr = ceil_div(p.Nq, Br);
   const std::int64_t Tc = ceil_div(p.Nk, kBc);
   Cost head;
   for (std::int64_t i = 0; i < Tr; ++i) {
-    const std::int64_t R = std::min<std::int64_t>(kBr, p.Nq - i * kBr);
-    const std::int64_t n = ceil_div(p.visible_keys(i * kBr + R - 1), kBc);
+    const std::int64_t R = std::min<std::int64_t>(Br, p.Nq - i * Br);
+    const std::int64_t n = ceil_div(p.visible_keys(i * Br + R - 1), kBc);
     const std::int64_t C = std::min(n * kBc, p.Nk);
     head.skipped_tiles += Tc - n;
     const std::int64_t qi = R * d * e;      // bytes of Qi, and of O_i
@@ -57,7 +62,7 @@ Cost model(const Problem& p) {
     head.hbm_read_bytes += qi + kv;
     head.hbm_write_bytes += qi + R * kLseBytes;
     head.sram_write_bytes += qi + kv;
-    head.sram_read_bytes += n * qi + kv;
+    head.sram_read_bytes += n * qi + consumers * kv;
     head.matmul_flops += 4 * R * C * d;
     head.nonmatmul_flops += kFlopsPerScore * R * C + n * R * (kFlopsPerRowTile + d) +
                             R * (d + kFlopsPerRowEnd);
@@ -69,6 +74,7 @@ Cost model(const Problem& p) {
 
 template Cost model<Step::kWgmmaSync>(const Problem&);
 template Cost model<Step::kTmaPipeline>(const Problem&);
+template Cost model<Step::kWarpSpecialized>(const Problem&);
 
 }  // namespace flashstep::hopper
 
@@ -115,8 +121,11 @@ std::vector<Stage> stages_08_hopper() {
   return {
       entry<Step::kWgmmaSync>("08_step1_wgmma_sync", "Hopper: wgmma, synchronous",
                               {DType::kBf16}),
-      entry<Step::kTmaPipeline>("08_hopper", "+ TMA pipeline on mbarriers",
-                                {DType::kBf16, DType::kFp16}),
+      entry<Step::kTmaPipeline>("08_step2_tma_pipeline", "+ TMA pipeline on mbarriers",
+                                {DType::kBf16}),
+      entry<Step::kWarpSpecialized>("08_hopper",
+                                    "+ warp specialization: producer, 2 consumers, setmaxnreg",
+                                    {DType::kBf16, DType::kFp16}),
   };
 }
 

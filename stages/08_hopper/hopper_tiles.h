@@ -8,9 +8,9 @@
 namespace flashstep::hopper {
 
 /// The ablation ladder of FlashAttention-3's ideas. Every step keeps the
-/// previous steps' ideas. Steps 3-5 (warp specialization with setmaxnreg,
-/// ping-pong of two consumer warpgroups, softmax overlapped with the next
-/// GEMM inside a warpgroup) are not written yet (README.md, "Not yet").
+/// previous steps' ideas. Steps 4-5 (ping-pong of the two consumer
+/// warpgroups, softmax overlapped with the next GEMM inside a warpgroup) are
+/// not written yet (README.md).
 enum class Step : int {
   /// wgmma.mma_async for S = Qi Kj^T (A and B from shared memory) and
   /// O~ += P~ Vj (P~ from registers, V through a transposed descriptor),
@@ -21,24 +21,44 @@ enum class Step : int {
   ///   buffers deep, each completing on an mbarrier; K/V tile j - 1 lands
   ///   while tile j computes.
   kTmaPipeline = 2,
+  /// + warp specialization (FlashAttention-3 §3.1): a producer warpgroup,
+  ///   one thread of which issues every TMA copy, gives registers away
+  ///   (setmaxnreg.dec); two consumer warpgroups of 64 rows each take them
+  ///   (setmaxnreg.inc) and run the products and the softmax. Buffers are
+  ///   handed over by full and empty mbarriers, never by a block barrier.
+  kWarpSpecialized = 3,
 };
 
 constexpr std::string_view step_slug(Step step) {
   switch (step) {
     case Step::kWgmmaSync: return "step1_wgmma_sync";
-    case Step::kTmaPipeline: break;
+    case Step::kTmaPipeline: return "step2_tma_pipeline";
+    case Step::kWarpSpecialized: break;
   }
-  return "step2_tma_pipeline";
+  return "step3_warp_specialized";
 }
 
-/// Rows of Q per thread block: one consumer warpgroup of 4 warps, one m64
-/// wgmma tall (the paper's Br).
+/// Consumer warpgroups per block: one in steps 1-2 (which it shares with the
+/// copies), two from step 3 (beside the producer warpgroup), as
+/// FlashAttention-3 runs d = 64 and 128.
+constexpr int consumer_warpgroups(Step step) { return step >= Step::kWarpSpecialized ? 2 : 1; }
+
+/// Rows of Q per consumer warpgroup: one m64 wgmma tall. A block holds
+/// consumer_warpgroups(step) x kBr rows of Q (the paper's Br).
 inline constexpr int kBr = 64;
 /// Keys per K/V tile (the paper's Bc): one n64 wgmma wide for S, and one
 /// 128-byte swizzle row of Vj's column blocks for O += P V.
 inline constexpr int kBc = 64;
-/// Threads per block: one warpgroup.
+/// Threads per warpgroup, and per block in steps 1-2.
 inline constexpr int kThreads = 128;
+/// Threads per block from step 3: the producer and two consumer warpgroups.
+inline constexpr int kWsThreads = 3 * kThreads;
+/// Registers per thread after setmaxnreg (step 3): the producer keeps 40,
+/// the consumers take 232 (40 x 128 + 2 x 232 x 128 = 64512 of the SM's
+/// 65536), one of FlashAttention-3's splits for two consumer warpgroups;
+/// with 24 the producer's copy loop spilled at d = 128 and 256.
+inline constexpr int kProducerRegs = 40;
+inline constexpr int kConsumerRegs = 232;
 /// K/V buffers of the TMA pipeline (step 2): two, so that the next tile's
 /// copy runs under this tile's products and softmax. At d = 256 two stages
 /// of Kj and Vj take 128 KiB beside Qi's 32 KiB, inside the 227 KiB a block
