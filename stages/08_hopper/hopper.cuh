@@ -425,13 +425,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 /// What step 3 fixes at compile time: the names qk_product, pv_product and
 /// online_softmax read, for one consumer warpgroup's 64 rows.
-template <int kHeadDim_>
+template <int kHeadDim_, Step kStep>
 struct WsConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kPingPong = kStep >= Step::kPingPong;
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
   static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;
   static constexpr int kPVSteps = kBc / sm90::kWgmmaK;
-  static constexpr int kConsumers = consumer_warpgroups(Step::kWarpSpecialized);
+  static constexpr int kConsumers = consumer_warpgroups(kStep);
   static constexpr int kBlockRows = kConsumers * kBr;  // rows of Q per block
   static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
   static constexpr int kKVBytes = kBc * kHeadDim * 2;
@@ -477,8 +478,12 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
   for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
     const int head = static_cast<int>(bh);
     sm90::mbarrier_wait(s.q_empty(), heads % 2 ^ 1);  // line 4
-    sm90::mbarrier_arrive_expect_tx(s.q_full(), C::kConsumers * C::kQBytes);
-    for (int w = 0; w < C::kConsumers; ++w) {
+    // A consumer whose rows all lie past Nq gets no copy (a box wholly
+    // outside the tensor is not asked of TMA): it computes on whatever its
+    // Qi tile holds, rows that are never written out.
+    const int halves = min(C::kConsumers, (p.Nq - q_row0 - 1) / kBr + 1);
+    sm90::mbarrier_arrive_expect_tx(s.q_full(), halves * C::kQBytes);
+    for (int w = 0; w < halves; ++w) {
       for (int cb = 0; cb < C::kColBlocks; ++cb) {
         sm90::tma_load_3d(s.Qi(w) + cb * kBr * sm90::kSwizzleRowBytes, &maps.q, s.q_full(),
                           64 * cb, q_row0 + w * kBr, head);
@@ -498,6 +503,10 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
   }
 }
 
+/// The first of step 4's two named barriers (0 is __syncthreads'): consumer
+/// w waits on kTurn + w.
+inline constexpr int kTurn = 1;
+
 /// Consumer w (0 or 1): Algorithm 1 for rows q_row0 .. q_row0 + 63 of every
 /// head of the block, on the buffers the producer fills.
 template <typename Elem, typename C>
@@ -515,6 +524,15 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
   }
   const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
   const std::uint32_t q_addr = sm90::smem_address(s.Qi(w));
+  // Step 4's token: consumer w may use the tensor cores once its barrier
+  // kTurn + w has seen its own 128 threads and the other consumer's
+  // 128 arrivals; it passes the token on with an arrival at the other's.
+  auto my_turn = [&] {
+    if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, C::kConsumerThreads);
+  };
+  auto your_turn = [&] {
+    if constexpr (C::kPingPong) sm90::named_barrier_arrive(kTurn + 1 - w, C::kConsumerThreads);
+  };
   unsigned tiles = 0, heads = 0;
   for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
     float O[C::kColBlocks][32];
@@ -525,21 +543,29 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
       for (int r = 0; r < 32; ++r) O[cb][r] = 0.0f;
     }
     sm90::mbarrier_wait(s.q_full(), heads % 2);
+    if (w == 1) your_turn();  // consumer 0 goes first
     for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
       const int key0 = j * kBc;
       const int b = tiles % kStages;
       sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
       float S[32];
+      my_turn();
       if (p.negate_q) {
         qk_product<Elem, C, -1>(S, q_addr, sm90::smem_address(s.Kj(b)));
       } else {
         qk_product<Elem, C, 1>(S, q_addr, sm90::smem_address(s.Kj(b)));
       }
+      your_turn();  // the other consumer's product runs under this softmax
       if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
       online_softmax<C>(S, O, m, l, p.scale_log2);
+      my_turn();
       pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
+      your_turn();
       sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
     }
+    // Consumer 0 takes the turn consumer 1 passed last (or first, when
+    // there is no tile): every arrival on a turn barrier is matched.
+    if (w == 0) my_turn();
     sm90::mbarrier_arrive(s.q_empty());   // and with Qi
     write_output<Elem, C>(p, bh, q_row0, O, m, l);
   }

@@ -111,10 +111,10 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   launch_with_smem(hopper_kernel<Elem, C>, grid, kThreads, C::kSmemBytes, stream, what, prm, maps);
 }
 
-/// Step 3's kernel: blocks of 128 rows, three warpgroups.
-template <typename Elem, int kHeadDim>
+/// The kernel of steps 3-4: blocks of 128 rows, three warpgroups.
+template <typename Elem, int kHeadDim, Step kStep>
 void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
-  using C = WsConfig<kHeadDim>;
+  using C = WsConfig<kHeadDim, kStep>;
   const Params<Elem> prm = make_params<Elem>(p, t);
   TensorMaps maps{};
   maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d);
@@ -143,9 +143,9 @@ void launch_step(const Problem& p, const ForwardTensors& t, Stream stream, const
   if constexpr (kStep >= Step::kWarpSpecialized) {
     if (make_params<Elem>(p, t).vec) {
       switch (head_dim_bucket(p.d)) {
-        case 64: launch_ws<Elem, 64>(p, t, stream, what); break;
-        case 128: launch_ws<Elem, 128>(p, t, stream, what); break;
-        default: launch_ws<Elem, 256>(p, t, stream, what); break;
+        case 64: launch_ws<Elem, 64, kStep>(p, t, stream, what); break;
+        case 128: launch_ws<Elem, 128, kStep>(p, t, stream, what); break;
+        default: launch_ws<Elem, 256, kStep>(p, t, stream, what); break;
       }
       return;
     }

@@ -168,5 +168,6 @@ Cost mirror(const Problem& p, const HostTensors& t) {
 template Cost mirror<Step::kWgmmaSync>(const Problem&, const HostTensors&);
 template Cost mirror<Step::kTmaPipeline>(const Problem&, const HostTensors&);
 template Cost mirror<Step::kWarpSpecialized>(const Problem&, const HostTensors&);
+template Cost mirror<Step::kPingPong>(const Problem&, const HostTensors&);
 
 }  // namespace flashstep::hopper

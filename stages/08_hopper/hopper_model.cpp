@@ -75,6 +75,7 @@ Cost model(const Problem& p) {
 template Cost model<Step::kWgmmaSync>(const Problem&);
 template Cost model<Step::kTmaPipeline>(const Problem&);
 template Cost model<Step::kWarpSpecialized>(const Problem&);
+template Cost model<Step::kPingPong>(const Problem&);
 
 }  // namespace flashstep::hopper
 
@@ -123,9 +124,11 @@ std::vector<Stage> stages_08_hopper() {
                               {DType::kBf16}),
       entry<Step::kTmaPipeline>("08_step2_tma_pipeline", "+ TMA pipeline on mbarriers",
                                 {DType::kBf16}),
-      entry<Step::kWarpSpecialized>("08_hopper",
+      entry<Step::kWarpSpecialized>("08_step3_warp_specialized",
                                     "+ warp specialization: producer, 2 consumers, setmaxnreg",
-                                    {DType::kBf16, DType::kFp16}),
+                                    {DType::kBf16}),
+      entry<Step::kPingPong>("08_hopper", "+ ping-pong of the two consumer warpgroups",
+                             {DType::kBf16, DType::kFp16}),
   };
 }
 

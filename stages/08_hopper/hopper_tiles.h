@@ -8,9 +8,8 @@
 namespace flashstep::hopper {
 
 /// The ablation ladder of FlashAttention-3's ideas. Every step keeps the
-/// previous steps' ideas. Steps 4-5 (ping-pong of the two consumer
-/// warpgroups, softmax overlapped with the next GEMM inside a warpgroup) are
-/// not written yet (README.md).
+/// previous steps' ideas. Step 5 (softmax overlapped with the next GEMM
+/// inside a warpgroup) is not written yet (README.md).
 enum class Step : int {
   /// wgmma.mma_async for S = Qi Kj^T (A and B from shared memory) and
   /// O~ += P~ Vj (P~ from registers, V through a transposed descriptor),
@@ -27,15 +26,21 @@ enum class Step : int {
   ///   (setmaxnreg.inc) and run the products and the softmax. Buffers are
   ///   handed over by full and empty mbarriers, never by a block barrier.
   kWarpSpecialized = 3,
+  /// + ping-pong (FlashAttention-3 §3.1): the two consumer warpgroups take
+  ///   turns on the tensor cores, a token passed on two named barriers
+  ///   around each product, so that one's softmax runs while the other's
+  ///   wgmma does.
+  kPingPong = 4,
 };
 
 constexpr std::string_view step_slug(Step step) {
   switch (step) {
     case Step::kWgmmaSync: return "step1_wgmma_sync";
     case Step::kTmaPipeline: return "step2_tma_pipeline";
-    case Step::kWarpSpecialized: break;
+    case Step::kWarpSpecialized: return "step3_warp_specialized";
+    case Step::kPingPong: break;
   }
-  return "step3_warp_specialized";
+  return "step4_ping_pong";
 }
 
 /// Consumer warpgroups per block: one in steps 1-2 (which it shares with the

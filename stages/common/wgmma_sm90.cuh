@@ -180,7 +180,7 @@ __device__ inline std::uint32_t pack2(float lo, float hi) {
 // Proxies: the tensor cores and the copy engine read shared memory through
 // the "async proxy"; ordinary loads and stores go through the generic one.
 
-/// fence.proxy.async.shared::cta, section "membar / fence": makes this
+/// `fence.proxy.async.shared::cta`, section "membar / fence": makes this
 /// thread's earlier generic-proxy writes to shared memory (ordinary stores,
 /// mbarrier.init) visible to later async-proxy accesses (wgmma operands read
 /// through descriptors, cp.async.bulk). Each writing thread fences, then a
@@ -195,7 +195,7 @@ __device__ inline void fence_proxy_async_shared() {
 // every expected byte has landed; then the phase bit flips and a new phase
 // starts. Waiters name the parity of the phase they wait for.
 
-/// mbarrier.init.shared::cta.b64, section "mbarrier.init": sets the barrier
+/// `mbarrier.init.shared::cta.b64`, section "mbarrier.init": sets the barrier
 /// at `bar` to expect `count` arrivals per phase, in phase 0. One thread
 /// initializes; fence_proxy_async_shared and a block barrier publish it.
 __device__ inline void mbarrier_init(std::uint64_t* bar, std::uint32_t count) {
@@ -203,7 +203,7 @@ __device__ inline void mbarrier_init(std::uint64_t* bar, std::uint32_t count) {
                : "memory");
 }
 
-/// mbarrier.arrive.expect_tx.shared::cta.b64, section
+/// `mbarrier.arrive.expect_tx.shared::cta.b64`, section
 /// "mbarrier.expect_tx" / "mbarrier.arrive": this thread's arrival, plus
 /// `bytes` more transaction bytes the current phase must see land (the bulk
 /// copies issued next complete them with complete_tx).
@@ -213,13 +213,13 @@ __device__ inline void mbarrier_arrive_expect_tx(std::uint64_t* bar, std::uint32
                : "memory");
 }
 
-/// mbarrier.arrive.shared::cta.b64, section "mbarrier.arrive": one arrival
+/// `mbarrier.arrive.shared::cta.b64`, section "mbarrier.arrive": one arrival
 /// (a consumer saying it is done with a buffer).
 __device__ inline void mbarrier_arrive(std::uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
 
-/// mbarrier.try_wait.parity.shared::cta.b64 in a loop, section
+/// `mbarrier.try_wait.parity.shared::cta.b64` in a loop, section
 /// "mbarrier.test_wait / mbarrier.try_wait": returns once the phase with
 /// parity `phase` (0 or 1) has completed. try_wait suspends the thread for a
 /// while in hardware before it reports "not yet", so the loop is not a busy spin.
@@ -237,7 +237,7 @@ __device__ inline void mbarrier_wait(std::uint64_t* bar, std::uint32_t phase) {
 // TMA: the tensor memory accelerator copies a box of a tensor, described by
 // a CUtensorMap the host encodes (cuTensorMapEncodeTiled), into shared memory.
 
-/// cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes,
+/// cp.async.bulk.tensor.3d.shared\::cluster.global.mbarrier\::complete_tx\::bytes,
 /// section "cp.async.bulk.tensor": copies the box whose first element is at
 /// coordinates (c0, c1, c2) of the tensor `map` describes (c0 the innermost,
 /// contiguous dimension) into shared memory at `dst`, swizzled as the map
@@ -251,6 +251,23 @@ __device__ inline void tma_load_3d(void* dst, const void* map, std::uint64_t* ba
       " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_address(dst)),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Named barriers: 16 per block (0 is __syncthreads'), each counting arriving
+// threads; a subset of the block can synchronize on one without the rest.
+
+/// bar.sync id, count, section "bar, barrier": this thread arrives at
+/// barrier `id` and waits until `count` threads (a multiple of 32, counting
+/// this one) have arrived, by bar.sync or bar.arrive.
+__device__ inline void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+/// bar.arrive id, count: arrives at barrier `id` without waiting (the other
+/// party of a producer-consumer hand-over: it lets bar.sync on `id` go on).
+__device__ inline void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 // ---------------------------------------------------------------------------
