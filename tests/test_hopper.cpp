@@ -27,7 +27,7 @@ namespace {
 
 std::vector<const Stage*> stage08_ladder() {
   const auto ladder = flashstep::select_stages("08");
-  REQUIRE(ladder.size() == 4);
+  REQUIRE(ladder.size() == 5);
   return ladder;
 }
 

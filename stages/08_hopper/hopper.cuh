@@ -110,12 +110,12 @@ __device__ inline void load_tile(unsigned char* tile, const Elem* src, int rows_
   }
 }
 
-/// Line 8: S = Qi Kj^T (times -1 when the scale is negative), one chain of
-/// kQKSteps wgmma reading both operands through K-major descriptors: step kk
-/// starts in column block kk / 4, 32 bytes per k16 step into its rows.
+/// Issues line 8, S = Qi Kj^T (times -1 when the scale is negative), as
+/// one wgmma-group without waiting: a chain of kQKSteps wgmma reading both
+/// operands through K-major descriptors; step kk starts in column block
+/// kk / 4, 32 bytes per k16 step into its rows. The caller fences first.
 template <typename Elem, typename C, int kScaleA>
-__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
-  sm90::wgmma_fence();  // S was last written by the softmax
+__device__ inline void issue_qk(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
 #pragma unroll
   for (int kk = 0; kk < C::kQKSteps; ++kk) {
     const std::uint32_t step = kk / 4, in_row = kk % 4 * 2 * sm90::kWgmmaK;
@@ -128,21 +128,35 @@ __device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uin
     sm90::wgmma_m64n64k16_ss<Elem, kScaleA, 0>(S, a, b, kk > 0);
   }
   sm90::wgmma_commit();
-  sm90::wgmma_wait<0>();  // steps 1-2: synchronous
+}
+
+/// Line 8, waited for (steps 1-4).
+template <typename Elem, typename C, int kScaleA>
+__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
+  sm90::wgmma_fence();  // S was last written by the softmax
+  issue_qk<Elem, C, kScaleA>(S, q_addr, k_addr);
+  sm90::wgmma_wait<0>();
   sm90::fence_accumulators(S);
 }
 
-/// Line 10's product: O~ += P~ Vj. For each 64-wide column block cb of d, a
-/// chain of 4 wgmma over the keys: A is P~ from the S registers (rounded to
-/// Elem; sm90_layout.h's p_source_register says which), B is Vj's column
-/// block read MN-major (keys along k, 16 keys = 2 swizzle atoms = 2048 bytes
-/// per step) with the transpose bit. All of P~ is packed before the fence:
-/// a register written between two wgmma makes ptxas wait for the earlier
-/// ones (it says so: "warpgroup.arrive is injected", C7519).
+/// The same with the scale's sign known at run time. The branch lies
+/// outside the fence and the chain: a branch between two wgmma of a chain
+/// makes ptxas wait for the earlier ones (C7519).
 template <typename Elem, typename C>
-__device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S)[32],
-                                  std::uint32_t v_addr) {
-  std::uint32_t a[C::kPVSteps][4];
+__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr,
+                                  bool negate_q) {
+  if (negate_q) {
+    qk_product<Elem, C, -1>(S, q_addr, k_addr);
+  } else {
+    qk_product<Elem, C, 1>(S, q_addr, k_addr);
+  }
+}
+
+/// P~ as the A operand of O~ += P~ Vj: the S registers rounded to Elem and
+/// packed in pairs, k16 step kk in a[kk] (sm90_layout.h's
+/// p_source_register says which register goes where).
+template <typename Elem, typename C>
+__device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&S)[32]) {
 #pragma unroll
   for (int kk = 0; kk < C::kPVSteps; ++kk) {
 #pragma unroll
@@ -151,7 +165,16 @@ __device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S
                                      S[sm90::p_source_register(kk, reg, 1)]);
     }
   }
-  sm90::wgmma_fence();  // O~ was rescaled and a[] written by ordinary instructions
+}
+
+/// Issues line 10's product, O~ += P~ Vj, as one wgmma-group, without
+/// waiting: for each 64-wide column block cb of d, a chain of 4 wgmma over
+/// the keys, B being Vj's column block read MN-major (keys along k, 16 keys
+/// = 2 swizzle atoms = 2048 bytes per step) with the transpose bit. The
+/// caller fences first.
+template <typename Elem, typename C>
+__device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
+                                const std::uint32_t (&a)[C::kPVSteps][4], std::uint32_t v_addr) {
 #pragma unroll
   for (int cb = 0; cb < C::kColBlocks; ++cb) {
 #pragma unroll
@@ -163,6 +186,18 @@ __device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S
     }
   }
   sm90::wgmma_commit();
+}
+
+/// Line 10's product, waited for. All of P~ is packed before the fence: a
+/// register written between two wgmma makes ptxas wait for the earlier ones
+/// (it says so: "warpgroup.arrive is injected", C7519).
+template <typename Elem, typename C>
+__device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S)[32],
+                                  std::uint32_t v_addr) {
+  std::uint32_t a[C::kPVSteps][4];
+  pack_p<Elem, C>(a, S);
+  sm90::wgmma_fence();  // O~ was rescaled and a[] written by ordinary instructions
+  issue_pv<Elem, C>(O, a, v_addr);
   sm90::wgmma_wait<0>();
 #pragma unroll
   for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
@@ -179,15 +214,14 @@ __device__ inline void mask_scores(float (&S)[32], int key0, const int (&keys_se
   }
 }
 
-/// Lines 9-10 up to the product, as stage 07's online_softmax with one m16
-/// tile per warp: m in log2 units over the raw scores scaled once, P~ =
-/// 2^(S scale - m) in place of S, l rescaled and increased by this thread's
-/// share of the row (the quad's four shares are summed at the end), O~
-/// rescaled by 2^(m_old - m_new) unless no row of the warp moved its max.
-template <typename C>
-__device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][32],
-                                      float (&m)[2], float (&l)[2], float scale_log2) {
-  float alpha[2];
+/// Line 9 on one tile, as stage 07's online_softmax with one m16 tile per
+/// warp: m in log2 units over the raw scores scaled once, P~ = 2^(S scale -
+/// m) in place of S, l rescaled and increased by this thread's share of the
+/// row (the quad's four shares are summed at the end). Returns in alpha the
+/// factors 2^(m_old - m_new) O~ must be rescaled by, and whether any row of
+/// the warp moved its max (when none did, every factor is exactly 1).
+__device__ inline bool softmax_scores(float (&S)[32], float (&m)[2], float (&l)[2],
+                                      float (&alpha)[2], float scale_log2) {
   bool moved = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -212,13 +246,26 @@ __device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][
     }
     l[h] = alpha[h] * l[h] + sum;
   }
-  if (__any_sync(kFullWarpMask, moved)) {
+  return __any_sync(kFullWarpMask, moved);
+}
+
+/// Line 10's first half: O~ = diag(alpha) O~.
+template <typename C>
+__device__ inline void rescale_output(float (&O)[C::kColBlocks][32], const float (&alpha)[2]) {
 #pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+  for (int cb = 0; cb < C::kColBlocks; ++cb) {
 #pragma unroll
-      for (int r = 0; r < 32; ++r) O[cb][r] *= alpha[r % 4 / 2];
-    }
+    for (int r = 0; r < 32; ++r) O[cb][r] *= alpha[r % 4 / 2];
   }
+}
+
+/// Lines 9-10 up to the product: the scores' softmax, then O~'s rescale
+/// unless no row of the warp moved its max.
+template <typename C>
+__device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][32],
+                                      float (&m)[2], float (&l)[2], float scale_log2) {
+  float alpha[2];
+  if (softmax_scores(S, m, l, alpha, scale_log2)) rescale_output<C>(O, alpha);
 }
 
 /// Lines 12-13 for the warpgroup's 64 rows from q_row0 on: O_i = O~ / l straight from the registers to global memory
@@ -365,11 +412,7 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
       __syncthreads();
     }
     float S[32];
-    if (p.negate_q) {                                                       // line 8
-      qk_product<Elem, C, -1>(S, q_addr, sm90::smem_address(s.Kj(b)));
-    } else {
-      qk_product<Elem, C, 1>(S, q_addr, sm90::smem_address(s.Kj(b)));
-    }
+    qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);  // line 8
     if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
     online_softmax<C>(S, O, m, l, p.scale_log2);                            // lines 9-10
     pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));                 // line 10
@@ -429,6 +472,7 @@ template <int kHeadDim_, Step kStep>
 struct WsConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kStep >= Step::kPingPong;
+  static constexpr bool kOverlap = kStep >= Step::kIntraOverlap;
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
   static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;
   static constexpr int kPVSteps = kBc / sm90::kWgmmaK;
@@ -503,6 +547,71 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
   }
 }
 
+/// Step 5's tile loop for one consumer and head (FlashAttention-3,
+/// Algorithm 2): the product S_next = Qi K_j^T is issued together with
+/// O~ += P~_{j+1} V_{j+1} of the tile before, and the softmax of S_next runs
+/// while the second is in flight; O~'s rescale by the new factors waits for
+/// it. Row for row the same operations in the same order as steps 1-4:
+/// O~ is rescaled by tile j + 1's factors before P~_{j+1} V_{j+1} is added,
+/// and by tile j's after. Costs P~_{j+1} in 16 packed registers beside S_j.
+template <typename Elem, typename C, typename Turn, typename Pass>
+__device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& s,
+                                        std::uint32_t q_addr, int n_blocks, int unmasked_keys,
+                                        const int (&keys_seen)[2], unsigned& tiles,
+                                        float (&O)[C::kColBlocks][32], float (&m)[2],
+                                        float (&l)[2], Turn my_turn, Pass your_turn) {
+  if (n_blocks == 0) return;
+  float alpha[2];
+  // The last visited tile alone: its scores, softmax and rescale.
+  float S[32];
+  int b_prev = tiles % kStages;
+  sm90::mbarrier_wait(s.full(b_prev), tiles / kStages % 2);
+  my_turn();
+  qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b_prev)), p.negate_q);
+  your_turn();
+  if (unmasked_keys - (n_blocks - 1) * kBc < kBc) mask_scores(S, (n_blocks - 1) * kBc, keys_seen);
+  if (softmax_scores(S, m, l, alpha, p.scale_log2)) rescale_output<C>(O, alpha);
+  ++tiles;
+  for (int j = n_blocks - 2; j >= 0; --j, ++tiles) {
+    const int key0 = j * kBc;
+    const int b = tiles % kStages;
+    std::uint32_t a[C::kPVSteps][4];
+    pack_p<Elem, C>(a, S);  // P~_{j+1}, before the fence
+    sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+    my_turn();
+    // Group 1: S_j; group 2: O~ += P~_{j+1} V_{j+1}. The scale's sign is
+    // tested outside the fence and the chains (a branch between them makes
+    // ptxas wait, C7519).
+    const std::uint32_t k_addr = sm90::smem_address(s.Kj(b));
+    const std::uint32_t v_addr = sm90::smem_address(s.Vj(b_prev));
+    if (p.negate_q) {
+      sm90::wgmma_fence();
+      issue_qk<Elem, C, -1>(S, q_addr, k_addr);
+      issue_pv<Elem, C>(O, a, v_addr);
+    } else {
+      sm90::wgmma_fence();
+      issue_qk<Elem, C, 1>(S, q_addr, k_addr);
+      issue_pv<Elem, C>(O, a, v_addr);
+    }
+    your_turn();
+    sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
+    sm90::fence_accumulators(S);
+    if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+    const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
+    sm90::wgmma_wait<0>();
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
+    sm90::mbarrier_arrive(s.empty(b_prev));  // done with tile j + 1's buffer
+    if (moved) rescale_output<C>(O, alpha);
+    b_prev = b;
+  }
+  // The first tile's product.
+  my_turn();
+  pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b_prev)));
+  your_turn();
+  sm90::mbarrier_arrive(s.empty(b_prev));
+}
+
 /// The first of step 4's two named barriers (0 is __syncthreads'): consumer
 /// w waits on kTurn + w.
 inline constexpr int kTurn = 1;
@@ -544,24 +653,25 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
     }
     sm90::mbarrier_wait(s.q_full(), heads % 2);
     if (w == 1) your_turn();  // consumer 0 goes first
-    for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
-      const int key0 = j * kBc;
-      const int b = tiles % kStages;
-      sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
-      float S[32];
-      my_turn();
-      if (p.negate_q) {
-        qk_product<Elem, C, -1>(S, q_addr, sm90::smem_address(s.Kj(b)));
-      } else {
-        qk_product<Elem, C, 1>(S, q_addr, sm90::smem_address(s.Kj(b)));
+    if constexpr (C::kOverlap) {
+      overlapped_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
+                                my_turn, your_turn);
+    } else {
+      for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
+        const int key0 = j * kBc;
+        const int b = tiles % kStages;
+        sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+        float S[32];
+        my_turn();
+        qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);
+        your_turn();  // the other consumer's product runs under this softmax
+        if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+        online_softmax<C>(S, O, m, l, p.scale_log2);
+        my_turn();
+        pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
+        your_turn();
+        sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
       }
-      your_turn();  // the other consumer's product runs under this softmax
-      if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
-      online_softmax<C>(S, O, m, l, p.scale_log2);
-      my_turn();
-      pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
-      your_turn();
-      sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
     }
     // Consumer 0 takes the turn consumer 1 passed last (or first, when
     // there is no tile): every arrival on a turn barrier is matched.

@@ -169,5 +169,6 @@ template Cost mirror<Step::kWgmmaSync>(const Problem&, const HostTensors&);
 template Cost mirror<Step::kTmaPipeline>(const Problem&, const HostTensors&);
 template Cost mirror<Step::kWarpSpecialized>(const Problem&, const HostTensors&);
 template Cost mirror<Step::kPingPong>(const Problem&, const HostTensors&);
+template Cost mirror<Step::kIntraOverlap>(const Problem&, const HostTensors&);
 
 }  // namespace flashstep::hopper

@@ -76,6 +76,7 @@ template Cost model<Step::kWgmmaSync>(const Problem&);
 template Cost model<Step::kTmaPipeline>(const Problem&);
 template Cost model<Step::kWarpSpecialized>(const Problem&);
 template Cost model<Step::kPingPong>(const Problem&);
+template Cost model<Step::kIntraOverlap>(const Problem&);
 
 }  // namespace flashstep::hopper
 
@@ -127,8 +128,10 @@ std::vector<Stage> stages_08_hopper() {
       entry<Step::kWarpSpecialized>("08_step3_warp_specialized",
                                     "+ warp specialization: producer, 2 consumers, setmaxnreg",
                                     {DType::kBf16}),
-      entry<Step::kPingPong>("08_hopper", "+ ping-pong of the two consumer warpgroups",
-                             {DType::kBf16, DType::kFp16}),
+      entry<Step::kPingPong>("08_step4_ping_pong", "+ ping-pong of the two consumer warpgroups",
+                             {DType::kBf16}),
+      entry<Step::kIntraOverlap>("08_hopper", "+ softmax under the next product (intra-warpgroup)",
+                                 {DType::kBf16, DType::kFp16}),
   };
 }
 

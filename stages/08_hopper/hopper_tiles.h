@@ -8,8 +8,7 @@
 namespace flashstep::hopper {
 
 /// The ablation ladder of FlashAttention-3's ideas. Every step keeps the
-/// previous steps' ideas. Step 5 (softmax overlapped with the next GEMM
-/// inside a warpgroup) is not written yet (README.md).
+/// previous steps' ideas.
 enum class Step : int {
   /// wgmma.mma_async for S = Qi Kj^T (A and B from shared memory) and
   /// O~ += P~ Vj (P~ from registers, V through a transposed descriptor),
@@ -31,6 +30,11 @@ enum class Step : int {
   ///   around each product, so that one's softmax runs while the other's
   ///   wgmma does.
   kPingPong = 4,
+  /// + intra-warpgroup overlap (FlashAttention-3 §3.2, Algorithm 2): each
+  ///   consumer issues S_next = Qi K_{j}^T and O~ += P~_{j+1} V_{j+1}
+  ///   together, and runs the softmax of S_next while the second product is
+  ///   in flight; O~'s rescale waits for it.
+  kIntraOverlap = 5,
 };
 
 constexpr std::string_view step_slug(Step step) {
@@ -38,9 +42,10 @@ constexpr std::string_view step_slug(Step step) {
     case Step::kWgmmaSync: return "step1_wgmma_sync";
     case Step::kTmaPipeline: return "step2_tma_pipeline";
     case Step::kWarpSpecialized: return "step3_warp_specialized";
-    case Step::kPingPong: break;
+    case Step::kPingPong: return "step4_ping_pong";
+    case Step::kIntraOverlap: break;
   }
-  return "step4_ping_pong";
+  return "step5_intra_overlap";
 }
 
 /// Consumer warpgroups per block: one in steps 1-2 (which it shares with the

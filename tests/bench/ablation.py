@@ -51,7 +51,7 @@ STEPS = ("07_step1_plain_mma", "07_step2_ldmatrix", "07_step3_cp_async",
 # Stage 08's ladder (hopper_model.cpp), after stage 07 as the baseline, and
 # the counter that sees wgmma (HGMMA) at work; the hmma one may not.
 HOPPER_STEPS = ("07_tensor_core", "08_step1_wgmma_sync", "08_step2_tma_pipeline",
-                "08_step3_warp_specialized", "08_hopper")
+                "08_step3_warp_specialized", "08_step4_ping_pong", "08_hopper")
 HOPPER_KERNEL = "regex:tensor_core_kernel|hopper_kernel|hopper_ws_kernel"
 GMMA_METRIC = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
 PEER = "sdpa_flash_bf16"  # peers.py's name for the same kernel in the sweep
