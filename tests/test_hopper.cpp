@@ -120,7 +120,7 @@ TEST_CASE("stage 08: a negative scale is |scale| on -Q, bit for bit, at no cost 
   }
 }
 
-TEST_CASE("stage 08's model by hand: one head, Nq = Nk = 256, d = 64, K and V read once a warpgroup") {
+TEST_CASE("stage 08's model by hand: Nq = Nk = 256, d = 64, K and V read once a warpgroup") {
   // 64 x 64 tiles, one warpgroup: 4 Q blocks of R = 64 rows, each visiting
   // 4 K/V blocks (C = 256 keys); 2-byte elements, L 4 bytes.
   const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);

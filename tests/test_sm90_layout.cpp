@@ -104,7 +104,7 @@ TEST_CASE("matrix descriptor: the fields of the PTX ISA's format round-trip") {
   CHECK(f.swizzle == sm90::Swizzle::k128B);
 }
 
-TEST_CASE("stage 08's descriptors name the elements its swizzled tiles hold, for d = 64, 128, 256") {
+TEST_CASE("stage 08's descriptors name the elements its swizzled tiles hold, d = 64, 128, 256") {
   // Tiles as stage 08 lays them out (hopper.cuh): Qi [64 x D], Kj and Vj
   // [64 x D], each D / 64 column blocks of 64 rows x 128 bytes, based on a
   // 1024-byte boundary. Its descriptors are those of qk_product and

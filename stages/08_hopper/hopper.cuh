@@ -1,12 +1,15 @@
-// Stage 08's kernel: FlashAttention-2's forward (Dao 2023, Algorithm 1) on
-// Hopper's asynchronous tensor cores, with the first of FlashAttention-3's
-// ideas (Shah et al. 2024, §3): wgmma, and TMA copies completing on
-// mbarriers. One template for the ablation steps (hopper_tiles.h).
+// Stage 08's kernels: FlashAttention-2's forward (Dao 2023, Algorithm 1) on
+// Hopper's asynchronous tensor cores, with FlashAttention-3's ideas (Shah et
+// al. 2024, §3) one ablation step at a time (hopper_tiles.h): wgmma, TMA
+// copies completing on mbarriers (hopper_kernel, steps 1-2), then a producer
+// warpgroup beside two consumers, ping-pong between them and the softmax
+// under the next products (hopper_ws_kernel, steps 3-5, further down).
 //
-// One thread block per (Q block i of 64 rows, head), one warpgroup of 4
-// warps per block. The warpgroup issues each product as one chain of wgmma
-// instructions that reads Qi, Kj and Vj straight from shared memory through
-// matrix descriptors (no ldmatrix, no fragments loaded by the threads):
+// Steps 1-2: one thread block per (Q block i of 64 rows, head), one
+// warpgroup of 4 warps per block. A warpgroup issues each product as one
+// chain of wgmma instructions that reads Qi, Kj and Vj straight from shared
+// memory through matrix descriptors (no ldmatrix, no fragments loaded by the
+// threads):
 //
 //   S_ij [64 x 64]  = Qi [64 x d] Kj^T          d/16 x wgmma m64n64k16, A and B in smem
 //   O~_i [64 x d]  += P~_ij [64 x 64] Vj         d/64 column blocks x 4 x wgmma
@@ -119,12 +122,13 @@ __device__ inline void issue_qk(float (&S)[32], std::uint32_t q_addr, std::uint3
 #pragma unroll
   for (int kk = 0; kk < C::kQKSteps; ++kk) {
     const std::uint32_t step = kk / 4, in_row = kk % 4 * 2 * sm90::kWgmmaK;
-    const std::uint64_t a = sm90::make_descriptor(q_addr + step * kBr * sm90::kSwizzleRowBytes +
-                                                      in_row,
-                                                  16, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
-    const std::uint64_t b = sm90::make_descriptor(k_addr + step * kBc * sm90::kSwizzleRowBytes +
-                                                      in_row,
-                                                  16, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+    // LBO 16 bytes (unused by a K-major 128-byte swizzle), SBO one atom.
+    const std::uint64_t a =
+        sm90::make_descriptor(q_addr + step * kBr * sm90::kSwizzleRowBytes + in_row, 16,
+                              sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+    const std::uint64_t b =
+        sm90::make_descriptor(k_addr + step * kBc * sm90::kSwizzleRowBytes + in_row, 16,
+                              sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
     sm90::wgmma_m64n64k16_ss<Elem, kScaleA, 0>(S, a, b, kk > 0);
   }
   sm90::wgmma_commit();
@@ -227,7 +231,9 @@ __device__ inline bool softmax_scores(float (&S)[32], float (&m)[2], float (&l)[
   for (int h = 0; h < 2; ++h) {
     float raw = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) raw = fmaxf(raw, fmaxf(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]));
+    for (int nt = 0; nt < 8; ++nt) {
+      raw = fmaxf(raw, fmaxf(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]));
+    }
     raw = fmaxf(raw, __shfl_xor_sync(kFullWarpMask, raw, 1));
     raw = fmaxf(raw, __shfl_xor_sync(kFullWarpMask, raw, 2));
     const float m_new = fmaxf(m[h], raw * scale_log2);
@@ -268,7 +274,8 @@ __device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][
   if (softmax_scores(S, m, l, alpha, scale_log2)) rescale_output<C>(O, alpha);
 }
 
-/// Lines 12-13 for the warpgroup's 64 rows from q_row0 on: O_i = O~ / l straight from the registers to global memory
+/// Lines 12-13 for the warpgroup's 64 rows from q_row0 on: O_i = O~ / l
+/// straight from the registers to global memory
 /// (pairs of columns per 32-bit store when d is even), L_i = (m + log2 l) ln 2.
 /// A row that saw no key has l = 0: O = 0 and L = -inf.
 template <typename Elem, typename C>

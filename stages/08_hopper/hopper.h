@@ -15,8 +15,10 @@ namespace flashstep::hopper {
 /// Grid y holds at most 65535 blocks; beyond that one block takes several heads.
 inline constexpr std::int64_t kMaxGridY = 65535;
 
-/// The forward of one step, bf16 or fp16: one thread block (one warpgroup)
-/// per (Q block of 64 rows, head). Defined in the step's own .cu file.
+/// The forward of one step, bf16 or fp16: one thread block per (Q block,
+/// head), of one warpgroup and 64 rows (steps 1-2) or of a producer and two
+/// consumer warpgroups and 128 rows (steps 3-5). Defined in the step's own
+/// .cu file.
 template <Step kStep>
 void forward(const Problem& p, const ForwardTensors& t, Stream stream);
 
