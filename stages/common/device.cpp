@@ -104,6 +104,32 @@ DeviceInfo device_info() {
   return info;
 }
 
+bool stage_available(const Stage& stage, std::string* why) {
+  const std::string name(stage.name);
+  const std::string target = "sm_" + std::to_string(stage.arch) + "a";
+  if (!stage.arch_built) {
+    if (why) *why = "stage " + name + " is unavailable: this build did not compile it for " +
+                    target + ", the architecture it needs";
+    return false;
+  }
+  if (stage.arch == 0) return true;
+  int major = 0, minor = 0;
+  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0),
+             "compute capability");
+  cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0),
+             "compute capability");
+  // Arch-specific (sm_XXa) machine code runs on exactly that chip, and the
+  // stage embeds no PTX a newer one could compile.
+  if (major * 10 + minor == stage.arch) return true;
+  if (why) {
+    *why = "stage " + name + " is unavailable: it needs " + target + " (compute capability " +
+           std::to_string(stage.arch / 10) + "." + std::to_string(stage.arch % 10) +
+           "); this GPU is " + device_info().name + " (" + std::to_string(major) + "." +
+           std::to_string(minor) + ")";
+  }
+  return false;
+}
+
 std::int64_t device_bytes_needed(const Stage& stage, const Problem& p, bool backward) {
   std::int64_t bytes = (2 * p.q_elems() + 2 * p.kv_elems()) * p.elem_bytes() +
                        p.lse_elems() * kFloatBytes + stage.workspace_bytes(p);
@@ -120,6 +146,7 @@ DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const
     : stage_(stage), p_(p) {
   validate(p_);
   const bool backward = dO != nullptr;
+  if (std::string why; !stage_available(stage, &why)) throw Error(why);
   require_dtype(stage, p.dtype);
   if (backward) require_dtype(stage, p.dtype, true);
   const std::int64_t need = device_bytes_needed(stage, p, backward);

@@ -30,6 +30,13 @@ bool cuda_device_available(std::string* why = nullptr);
 /// Properties of device 0. Requires cuda_device_available().
 DeviceInfo device_info();
 
+/// True when `stage` can run on device 0: it was built for the architecture
+/// it needs (Stage::arch_built), and that is device 0's (Stage::arch, when
+/// not 0). Otherwise `why` says why not in one line, e.g. "stage 08_hopper is
+/// unavailable: it needs a Hopper GPU (sm_90a, compute capability 9.0); this
+/// is NVIDIA A100-SXM4-80GB (8.0)". Requires cuda_device_available().
+bool stage_available(const Stage& stage, std::string* why = nullptr);
+
 /// Device bytes a run of `stage` on `p` allocates: Q, K, V, O (p.dtype), L
 /// (fp32), workspace, and with `backward` also dO, dQ, dK, dV (p.dtype) and
 /// the backward's workspace.

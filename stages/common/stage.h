@@ -119,6 +119,14 @@ struct Stage {
   std::vector<DType> dtypes = {DType::kFp32};
   /// The element types the backward runs in (when there is one).
   std::vector<DType> backward_dtypes = {DType::kFp32};
+  /// The GPU architecture the kernels need, as compute capability x 10: 0 for
+  /// any GPU the build targets (CMAKE_CUDA_ARCHITECTURES), 90 for exactly a
+  /// Hopper GPU (compute capability 9.0) with its arch-specific features
+  /// (sm_90a: wgmma, setmaxnreg), whose machine code runs on no other chip.
+  int arch = 0;
+  /// Whether this build compiled the kernels for `arch` (false: e.g. a CUDA
+  /// compiler too old for sm_90a; the stage is then registered but unavailable).
+  bool arch_built = true;
 
   /// Whether the forward runs in `t`.
   bool supports(DType t) const;

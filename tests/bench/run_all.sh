@@ -30,6 +30,11 @@
 #             N = 4096, d = 64: why split-Q is slower there; skipped without ncu)
 #   ablation  ablation.py       -> ablation.csv (ncu on each step of stage 07's ladder and on
 #             FlashAttention-2's kernel; skipped without ncu, kept old if no counters)
+#   sweep08   sweep.py --dtype bf16 --stage 07_tensor_core,08, then --dtype fp16 --stage
+#             08_hopper --append -> forward08.csv (stage 08's ladder beside stage 07; needs a
+#             Hopper GPU, elsewhere every stage 08 row says unavailable)
+#   ablation08 ablation.py --hopper -> ablation08.csv (ncu on 07_tensor_core and each step of
+#             stage 08's ladder, with the wgmma pipe's activity; skipped without ncu)
 #   ring      ring.py           -> ring.csv     (stage 10 on every visible GPU, needs 2 or more:
 #             weak and strong scaling, the longest N, the overlap switched off; RING_ARGS
 #             picks parts, e.g. "--parts weak"; the rows are added to those already recorded)
@@ -69,7 +74,7 @@
 # RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast").
 set -uo pipefail
 all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal splitq ablation
-           ring tables plots)
+           sweep08 ablation08 ring tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -253,6 +258,28 @@ for s in "${steps[@]}"; do
         record ablation ablation.csv
       else
         say "ablation: skipped, ncu read no counters here (see $log/ablation.csv); $results/ablation.csv left as it was"
+      fi
+      ;;
+    sweep08)
+      # Stage 08's ladder beside stage 07 on the paper's sweep, bf16, then
+      # the stage in fp16: the comparison issue 14 asks for (>= 1.6x stage 07).
+      step sweep08 "$py" tests/bench/sweep.py --flashstep "$exe" --dtype bf16 \
+        --stage 07_tensor_core,08 --out "$log/forward08.csv" "${sweep_args[@]}"
+      step sweep08_fp16 "$py" tests/bench/sweep.py --flashstep "$exe" --dtype fp16 \
+        --stage 08_hopper --append --out "$log/forward08.csv" "${sweep_args[@]}"
+      record sweep08 forward08.csv
+      ;;
+    ablation08)
+      if ! command -v ncu >/dev/null; then
+        say "ablation08: skipped, no ncu on PATH; $results/ablation08.csv left as it was"
+        continue
+      fi
+      step ablation08 "$py" tests/bench/ablation.py --hopper --flashstep "$exe" \
+        --out "$log/ablation08.csv" "${ablation_args[@]}"
+      if has_counters "$log/ablation08.csv" duration_ns; then
+        record ablation08 ablation08.csv
+      else
+        say "ablation08: skipped, ncu read no counters here (see $log/ablation08.csv); $results/ablation08.csv left as it was"
       fi
       ;;
     ring)

@@ -1,0 +1,744 @@
+// Stage 08's kernels: FlashAttention-2's forward (Dao 2023, Algorithm 1) on
+// Hopper's asynchronous tensor cores, with FlashAttention-3's ideas (Shah et
+// al. 2024, §3) one ablation step at a time (hopper_tiles.h): wgmma, TMA
+// copies completing on mbarriers (hopper_kernel, steps 1-2), then a producer
+// warpgroup beside two consumers, ping-pong between them and the softmax
+// under the next products (hopper_ws_kernel, steps 3-5, further down).
+//
+// Steps 1-2: one thread block per (Q block i of 64 rows, head), one
+// warpgroup of 4 warps per block. A warpgroup issues each product as one
+// chain of wgmma instructions that reads Qi, Kj and Vj straight from shared
+// memory through matrix descriptors (no ldmatrix, no fragments loaded by the
+// threads):
+//
+//   S_ij [64 x 64]  = Qi [64 x d] Kj^T          d/16 x wgmma m64n64k16, A and B in smem
+//   O~_i [64 x d]  += P~_ij [64 x 64] Vj         d/64 column blocks x 4 x wgmma
+//                                                m64n64k16, A (P~) in registers,
+//                                                B (Vj) in smem, transposed
+//
+// Warp w of the warpgroup holds rows 16w .. 16w + 15 of S and O~ (common/
+// sm90_layout.h draws which thread holds which element): within a warp the
+// layout is mma.sync's, so the online softmax is stage 07's with one m16
+// tile per warp, and P~ feeds the next product from the S registers.
+//
+// Algorithm 1, line by line:
+//   line 4   load Qi                          load_tile / TMA (prologue)
+//   line 5   O~ = 0, l = 0, m = -inf          the accumulators
+//   line 6   for j over K/V blocks            last visited block first
+//   line 7     load Kj, Vj                    load_tile / TMA, kStages deep
+//   line 8     S_ij = Qi Kj^T                 qk_product
+//   line 9-10  online softmax                 online_softmax
+//   line 10    O~ += P~_ij Vj                 pv_product
+//   line 12-13 O_i = O~ / l, L_i              write_output
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only: no driver call is linked)
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/mma_sm80.cuh"
+#include "common/reduce.cuh"
+#include "common/sm90_layout.h"
+#include "common/wgmma_sm90.cuh"
+#include "hopper_tiles.h"
+
+namespace flashstep::hopper {
+
+/// Kernel arguments. Elem is __nv_bfloat16 or __half.
+template <typename Elem>
+struct Params {
+  const Elem* Q;  // [heads, Nq, d]
+  const Elem* K;  // [heads, Nk, d]
+  const Elem* V;  // [heads, Nk, d]
+  Elem* O;        // [heads, Nq, d]
+  float* L;       // [heads, Nq]
+  std::int64_t heads;  // B * H
+  int Nq, Nk, d;
+  bool causal;
+  float scale_log2;  // |softmax scale| * log2(e), > 0
+  bool negate_q;     // the scale is negative: wgmma's imm-scale-a = -1 on Qi
+  bool vec;          // d % 8 == 0 and 16-byte aligned tensors: 16-byte copies
+  bool pairs;        // d even: O written two elements at a time
+};
+
+/// What a (d bucket, TMA or not) pair fixes at compile time.
+template <int kHeadDim_, bool kTma_>
+struct Config {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kTma = kTma_;
+  static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;  // 64-wide blocks of d
+  static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;            // k16 steps of Qi Kj^T
+  static constexpr int kPVSteps = kBc / sm90::kWgmmaK;                  // k16 steps of P~ Vj
+  static constexpr int kKVBuffers = kTma ? kStages : 1;
+  // Shared memory in bytes: Qi, then kKVBuffers of (Kj, Vj), each a
+  // multiple of the 1024-byte swizzle atom; then the mbarriers.
+  static constexpr int kQBytes = kBr * kHeadDim * 2;
+  static constexpr int kKVBytes = kBc * kHeadDim * 2;
+  static constexpr int kBarrierBytes = 8 * (1 + kStages);
+  // + 1024: the dynamic shared memory is aligned up to a swizzle atom inside.
+  static constexpr int kSmemBytes =
+      sm90::kSwizzleAtomBytes + kQBytes + 2 * kKVBuffers * kKVBytes + kBarrierBytes;
+  static_assert(kHeadDim % sm90::kSwizzleRowElems == 0, "d is padded to whole column blocks");
+  static_assert(kBr == sm90::kWgmmaM && kThreads == sm90::kWarpgroupThreads,
+                "one warpgroup, one m64 wgmma tall");
+};
+
+/// Copies rows [0, rows_valid) x columns [0, d) of a row-major global array
+/// with d columns into a [kRows] x kHeadDim tile in the 128-byte swizzled
+/// layout (sm90_layout.h's swizzle128_offset), zeros elsewhere: step 1's
+/// copy, and step 2's where TMA cannot (d % 8 != 0 or a misaligned tensor).
+/// Thread k copies 16-byte chunks k, k + 128, ...: consecutive threads read
+/// consecutive chunks of a row. The caller fences and synchronizes.
+template <typename Elem, int kRows, int kHeadDim>
+__device__ inline void load_tile(unsigned char* tile, const Elem* src, int rows_valid, int d,
+                                 bool vec) {
+  constexpr int kChunksPerRow = kHeadDim / 8;
+#pragma unroll 4
+  for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
+    const int row = c / kChunksPerRow;
+    const int col = c % kChunksPerRow * 8;
+    unsigned char* dst = tile + sm90::swizzle128_offset(row, col, kRows);
+    const Elem* from = src + static_cast<std::int64_t>(row) * d + col;
+    if (vec) {
+      *reinterpret_cast<uint4*>(dst) =
+          row < rows_valid && col < d ? *reinterpret_cast<const uint4*>(from) : uint4{};
+    } else {
+      Elem* to = reinterpret_cast<Elem*>(dst);
+      for (int e = 0; e < 8; ++e) {
+        to[e] = row < rows_valid && col + e < d ? from[e] : static_cast<Elem>(0.0f);
+      }
+    }
+  }
+}
+
+/// Issues line 8, S = Qi Kj^T (times -1 when the scale is negative), as
+/// one wgmma-group without waiting: a chain of kQKSteps wgmma reading both
+/// operands through K-major descriptors; step kk starts in column block
+/// kk / 4, 32 bytes per k16 step into its rows. The caller fences first.
+template <typename Elem, typename C, int kScaleA>
+__device__ inline void issue_qk(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
+#pragma unroll
+  for (int kk = 0; kk < C::kQKSteps; ++kk) {
+    const std::uint32_t step = kk / 4, in_row = kk % 4 * 2 * sm90::kWgmmaK;
+    // LBO 16 bytes (unused by a K-major 128-byte swizzle), SBO one atom.
+    const std::uint64_t a =
+        sm90::make_descriptor(q_addr + step * kBr * sm90::kSwizzleRowBytes + in_row, 16,
+                              sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+    const std::uint64_t b =
+        sm90::make_descriptor(k_addr + step * kBc * sm90::kSwizzleRowBytes + in_row, 16,
+                              sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+    sm90::wgmma_m64n64k16_ss<Elem, kScaleA, 0>(S, a, b, kk > 0);
+  }
+  sm90::wgmma_commit();
+}
+
+/// Line 8, waited for (steps 1-4).
+template <typename Elem, typename C, int kScaleA>
+__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
+  sm90::wgmma_fence();  // S was last written by the softmax
+  issue_qk<Elem, C, kScaleA>(S, q_addr, k_addr);
+  sm90::wgmma_wait<0>();
+  sm90::fence_accumulators(S);
+}
+
+/// The same with the scale's sign known at run time. The branch lies
+/// outside the fence and the chain: a branch between two wgmma of a chain
+/// makes ptxas wait for the earlier ones (C7519).
+template <typename Elem, typename C>
+__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr,
+                                  bool negate_q) {
+  if (negate_q) {
+    qk_product<Elem, C, -1>(S, q_addr, k_addr);
+  } else {
+    qk_product<Elem, C, 1>(S, q_addr, k_addr);
+  }
+}
+
+/// P~ as the A operand of O~ += P~ Vj: the S registers rounded to Elem and
+/// packed in pairs, k16 step kk in a[kk] (sm90_layout.h's
+/// p_source_register says which register goes where).
+template <typename Elem, typename C>
+__device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&S)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < C::kPVSteps; ++kk) {
+#pragma unroll
+    for (int reg = 0; reg < 4; ++reg) {
+      a[kk][reg] = sm90::pack2<Elem>(S[sm90::p_source_register(kk, reg, 0)],
+                                     S[sm90::p_source_register(kk, reg, 1)]);
+    }
+  }
+}
+
+/// Issues line 10's product, O~ += P~ Vj, as one wgmma-group, without
+/// waiting: for each 64-wide column block cb of d, a chain of 4 wgmma over
+/// the keys, B being Vj's column block read MN-major (keys along k, 16 keys
+/// = 2 swizzle atoms = 2048 bytes per step) with the transpose bit. The
+/// caller fences first.
+template <typename Elem, typename C>
+__device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
+                                const std::uint32_t (&a)[C::kPVSteps][4], std::uint32_t v_addr) {
+#pragma unroll
+  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+    for (int kk = 0; kk < C::kPVSteps; ++kk) {
+      const std::uint64_t b = sm90::make_descriptor(
+          v_addr + cb * kBc * sm90::kSwizzleRowBytes + kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes,
+          kBc * sm90::kSwizzleRowBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+      sm90::wgmma_m64n64k16_rs<Elem, 1>(O[cb], a[kk], b, 1);
+    }
+  }
+  sm90::wgmma_commit();
+}
+
+/// Line 10's product, waited for. All of P~ is packed before the fence: a
+/// register written between two wgmma makes ptxas wait for the earlier ones
+/// (it says so: "warpgroup.arrive is injected", C7519).
+template <typename Elem, typename C>
+__device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S)[32],
+                                  std::uint32_t v_addr) {
+  std::uint32_t a[C::kPVSteps][4];
+  pack_p<Elem, C>(a, S);
+  sm90::wgmma_fence();  // O~ was rescaled and a[] written by ordinary instructions
+  issue_pv<Elem, C>(O, a, v_addr);
+  sm90::wgmma_wait<0>();
+#pragma unroll
+  for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
+}
+
+/// Keys past Nk or, causal, past the row's last visible key -> -inf.
+/// keys_seen[h]: keys visible to this thread's row h (0: row g, 1: g + 8).
+__device__ inline void mask_scores(float (&S)[32], int key0, const int (&keys_seen)[2]) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    const int col = 8 * (r / 4) + 2 * t + r % 2;  // sm90::accumulator_coord's column
+    if (col >= keys_seen[r % 4 / 2] - key0) S[r] = -INFINITY;
+  }
+}
+
+/// Line 9 on one tile, as stage 07's online_softmax with one m16 tile per
+/// warp: m in log2 units over the raw scores scaled once, P~ = 2^(S scale -
+/// m) in place of S, l rescaled and increased by this thread's share of the
+/// row (the quad's four shares are summed at the end). Returns in alpha the
+/// factors 2^(m_old - m_new) O~ must be rescaled by, and whether any row of
+/// the warp moved its max (when none did, every factor is exactly 1).
+__device__ inline bool softmax_scores(float (&S)[32], float (&m)[2], float (&l)[2],
+                                      float (&alpha)[2], float scale_log2) {
+  bool moved = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float raw = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      raw = fmaxf(raw, fmaxf(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]));
+    }
+    raw = fmaxf(raw, __shfl_xor_sync(kFullWarpMask, raw, 1));
+    raw = fmaxf(raw, __shfl_xor_sync(kFullWarpMask, raw, 2));
+    const float m_new = fmaxf(m[h], raw * scale_log2);
+    const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: no NaN
+    alpha[h] = sm80::fast_exp2(m[h] - m_sub);  // e^(m_old - m_new); 0 on the first tile
+    moved = moved || m_new != m[h];
+    m[h] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        S[4 * nt + e] = sm80::fast_exp2(fmaf(S[4 * nt + e], scale_log2, -m_sub));
+        sum += S[4 * nt + e];
+      }
+    }
+    l[h] = alpha[h] * l[h] + sum;
+  }
+  return __any_sync(kFullWarpMask, moved);
+}
+
+/// Line 10's first half: O~ = diag(alpha) O~.
+template <typename C>
+__device__ inline void rescale_output(float (&O)[C::kColBlocks][32], const float (&alpha)[2]) {
+#pragma unroll
+  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+    for (int r = 0; r < 32; ++r) O[cb][r] *= alpha[r % 4 / 2];
+  }
+}
+
+/// Lines 9-10 up to the product: the scores' softmax, then O~'s rescale
+/// unless no row of the warp moved its max.
+template <typename C>
+__device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][32],
+                                      float (&m)[2], float (&l)[2], float scale_log2) {
+  float alpha[2];
+  if (softmax_scores(S, m, l, alpha, scale_log2)) rescale_output<C>(O, alpha);
+}
+
+/// Lines 12-13 for the warpgroup's 64 rows from q_row0 on: O_i = O~ / l
+/// straight from the registers to global memory
+/// (pairs of columns per 32-bit store when d is even), L_i = (m + log2 l) ln 2.
+/// A row that saw no key has l = 0: O = 0 and L = -inf.
+template <typename Elem, typename C>
+__device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int q_row0,
+                                    const float (&O)[C::kColBlocks][32], const float (&m)[2],
+                                    const float (&l)[2]) {
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(kFullWarpMask, sum, 1);
+    sum += __shfl_xor_sync(kFullWarpMask, sum, 2);
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    const int row = 16 * warp + g + 8 * h;
+    if (row >= p.Nq - q_row0) continue;
+    Elem* Orow = p.O + (bh * p.Nq + q_row0 + row) * p.d;  // [d]
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = 64 * cb + 8 * nt + 2 * t;
+        const float o0 = O[cb][4 * nt + 2 * h] * inv, o1 = O[cb][4 * nt + 2 * h + 1] * inv;
+        if (p.pairs && col < p.d) {
+          *reinterpret_cast<std::uint32_t*>(Orow + col) = sm90::pack2<Elem>(o0, o1);
+        } else {
+          if (col < p.d) Orow[col] = static_cast<Elem>(o0);
+          if (col + 1 < p.d) Orow[col + 1] = static_cast<Elem>(o1);
+        }
+      }
+    }
+    if (t == 0) {
+      p.L[bh * p.Nq + q_row0 + row] =
+          sum == 0.0f ? -INFINITY : (m[h] + log2f(sum)) * static_cast<float>(kLn2);
+    }
+  }
+}
+
+/// The tensor maps of Q, K and V for TMA (step 2): 3-D, (d, rows, heads),
+/// boxes of 64 columns x 64 rows x 1 head, 128-byte swizzle, zeros outside.
+struct TensorMaps {
+  CUtensorMap q, k, v;
+};
+
+/// The shared-memory tiles and barriers of one block, carved from the
+/// dynamic shared memory aligned up to a swizzle atom (the swizzle is
+/// computed from address bits). Buffers are found by arithmetic, not by an
+/// array of pointers, which a run-time index would put on the stack.
+template <typename C>
+struct Smem {
+  unsigned char* base;  // Qi [kBr] x d, then kKVBuffers x (Kj [kBc] x d, Vj [kBc] x d)
+
+  __device__ explicit Smem(unsigned char* raw)
+      : base(raw + (sm90::kSwizzleAtomBytes - sm90::smem_address(raw) % sm90::kSwizzleAtomBytes) %
+                       sm90::kSwizzleAtomBytes) {}
+  __device__ unsigned char* Qi() const { return base; }
+  __device__ unsigned char* Kj(int b) const { return base + C::kQBytes + 2 * b * C::kKVBytes; }
+  __device__ unsigned char* Vj(int b) const { return Kj(b) + C::kKVBytes; }
+  /// Qi has landed (TMA).
+  __device__ std::uint64_t* q_full() const {
+    return reinterpret_cast<std::uint64_t*>(base + C::kQBytes + 2 * C::kKVBuffers * C::kKVBytes);
+  }
+  /// Kj and Vj of buffer b have landed (TMA).
+  __device__ std::uint64_t* kv_full(int b) const { return q_full() + 1 + b; }
+};
+
+/// One Q block i of head bh: Algorithm 1, lines 4-13. `tiles_done` counts
+/// the K/V tiles this block has consumed over its earlier heads and
+/// `heads_done` its earlier heads: the mbarrier phases follow from them.
+template <typename Elem, typename C>
+__device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& maps,
+                                      std::int64_t bh, int i, const Smem<C>& s,
+                                      unsigned& tiles_done, unsigned heads_done) {
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int q_row0 = i * kBr;
+  const int rows = min(kBr, p.Nq - q_row0);
+  auto keys_seen_by = [&](std::int64_t row) -> int {
+    if (!p.causal) return p.Nk;
+    const std::int64_t seen = row + 1 + p.Nk - p.Nq;
+    return static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  };
+  int keys_seen[2];
+  for (int h = 0; h < 2; ++h) {
+    keys_seen[h] = keys_seen_by(static_cast<std::int64_t>(q_row0) + 16 * warp + lane / 4 + 8 * h);
+  }
+  const int block_keys = keys_seen_by(q_row0 + rows - 1);  // the most any row sees
+  const int unmasked_keys = keys_seen_by(q_row0);          // the fewest
+  const int n_blocks = block_keys == 0 ? 0 : (block_keys - 1) / kBc + 1;
+
+  float O[C::kColBlocks][32];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+    for (int r = 0; r < 32; ++r) O[cb][r] = 0.0f;
+  }
+
+  const int head = static_cast<int>(bh);
+  // Step 2: thread 0 issues tile j's copies into buffer b.
+  auto issue_kv = [&](int j, int b) {
+    sm90::mbarrier_arrive_expect_tx(s.kv_full(b), 2 * C::kKVBytes);
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+      sm90::tma_load_3d(s.Kj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.k, s.kv_full(b),
+                        64 * cb, j * kBc, head);
+      sm90::tma_load_3d(s.Vj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.v, s.kv_full(b),
+                        64 * cb, j * kBc, head);
+    }
+  };
+
+  if constexpr (C::kTma) {                                                  // line 4
+    if (threadIdx.x == 0) {
+      sm90::mbarrier_arrive_expect_tx(s.q_full(), C::kQBytes);
+#pragma unroll
+      for (int cb = 0; cb < C::kColBlocks; ++cb) {
+        sm90::tma_load_3d(s.Qi() + cb * kBr * sm90::kSwizzleRowBytes, &maps.q, s.q_full(), 64 * cb,
+                          q_row0, head);
+      }
+      for (int k = 0; k < kStages && k < n_blocks; ++k) {
+        issue_kv(n_blocks - 1 - k, (tiles_done + k) % kStages);
+      }
+    }
+    sm90::mbarrier_wait(s.q_full(), heads_done % 2);
+  } else {
+    const Elem* Qi = p.Q + (bh * p.Nq + q_row0) * p.d;  // [rows, d]
+    load_tile<Elem, kBr, C::kHeadDim>(s.Qi(), Qi, rows, p.d, p.vec);
+  }
+  const std::uint32_t q_addr = sm90::smem_address(s.Qi());
+
+  for (int j = n_blocks - 1; j >= 0; --j) {                                // line 6
+    const int key0 = j * kBc;
+    const int b = C::kTma ? tiles_done % kStages : 0;
+    if constexpr (C::kTma) {
+      sm90::mbarrier_wait(s.kv_full(b), tiles_done / kStages % 2);         // line 7
+    } else {
+      const Elem* Kj = p.K + (bh * p.Nk + key0) * p.d;  // [min(Bc, Nk - key0), d]
+      const Elem* Vj = p.V + (bh * p.Nk + key0) * p.d;  // [min(Bc, Nk - key0), d]
+      load_tile<Elem, kBc, C::kHeadDim>(s.Kj(0), Kj, p.Nk - key0, p.d, p.vec);
+      load_tile<Elem, kBc, C::kHeadDim>(s.Vj(0), Vj, p.Nk - key0, p.d, p.vec);
+      sm90::fence_proxy_async_shared();  // ordinary stores, then wgmma reads them
+      __syncthreads();
+    }
+    float S[32];
+    qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);  // line 8
+    if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+    online_softmax<C>(S, O, m, l, p.scale_log2);                            // lines 9-10
+    pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));                 // line 10
+    __syncthreads();  // every warp's wgmmas are done with buffer b
+    if constexpr (C::kTma) {
+      if (threadIdx.x == 0 && j - kStages >= 0) issue_kv(j - kStages, b);  // refill it
+      ++tiles_done;
+    }
+  }
+  write_output<Elem, C>(p, bh, q_row0, O, m, l);                           // lines 12-13
+  __syncthreads();  // the next head's copies may overwrite Qi
+}
+
+/// One block per (Q block, head), heaviest Q blocks first; heads past grid
+/// y's limit by a grid-stride loop. Compiled for sm_90a only (CMakeLists.txt):
+/// built without it, the body is empty and the stage says it is unavailable.
+template <typename Elem, typename C>
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_kernel(const Params<Elem> p, const __grid_constant__ TensorMaps maps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const Smem<C> s(smem_raw);
+  if constexpr (C::kTma) {
+    if (threadIdx.x == 0) {
+      sm90::mbarrier_init(s.q_full(), 1);
+      for (int b = 0; b < kStages; ++b) sm90::mbarrier_init(s.kv_full(b), 1);
+      sm90::fence_proxy_async_shared();  // the copy engine sees the initialized barriers
+    }
+    __syncthreads();
+  }
+  const int Tr = (p.Nq - 1) / kBr + 1;
+  const int i = Tr - 1 - static_cast<int>(blockIdx.x);
+  unsigned tiles_done = 0, heads_done = 0;
+  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads_done) {
+    attend_q_block<Elem, C>(p, maps, bh, i, s, tiles_done, heads_done);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Step 3: warp specialization (FlashAttention-3 §3.1).
+//
+//   warpgroup 0, producer  setmaxnreg.dec 24; thread 0 alone: for each head,
+//                          wait q_empty, TMA both halves of Qi -> q_full;
+//                          for each K/V tile, wait empty[b], TMA Kj, Vj -> full[b]
+//   warpgroups 1, 2        setmaxnreg.inc 240; rows 64 (w - 1) .. of the block:
+//   consumers              wait q_full; for each tile wait full[b], S = Qi Kj^T,
+//                          softmax, O~ += P~ Vj, arrive on empty[b]; arrive on
+//                          q_empty; write O, L
+//
+// After the split no thread passes a block barrier: the producer's other
+// threads have returned, and every hand-over is an mbarrier.
+
+/// What step 3 fixes at compile time: the names qk_product, pv_product and
+/// online_softmax read, for one consumer warpgroup's 64 rows.
+template <int kHeadDim_, Step kStep>
+struct WsConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kPingPong = kStep >= Step::kPingPong;
+  static constexpr bool kOverlap = kStep >= Step::kIntraOverlap;
+  static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
+  static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;
+  static constexpr int kPVSteps = kBc / sm90::kWgmmaK;
+  static constexpr int kConsumers = consumer_warpgroups(kStep);
+  static constexpr int kBlockRows = kConsumers * kBr;  // rows of Q per block
+  static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
+  static constexpr int kKVBytes = kBc * kHeadDim * 2;
+  // Barriers: q_full, q_empty, full[kStages], empty[kStages].
+  static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
+  static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
+                                    2 * kStages * kKVBytes + kBarrierBytes;
+  // Arrivals that free a buffer: every thread of both consumers, each after
+  // its own wgmma_wait<0> (which covers its whole warpgroup's products).
+  static constexpr int kConsumerThreads = kConsumers * kThreads;
+};
+
+template <typename C>
+struct WsSmem {
+  unsigned char* base;  // Qi halves, then kStages x (Kj, Vj), then the barriers
+
+  __device__ explicit WsSmem(unsigned char* raw)
+      : base(raw + (sm90::kSwizzleAtomBytes - sm90::smem_address(raw) % sm90::kSwizzleAtomBytes) %
+                       sm90::kSwizzleAtomBytes) {}
+  /// Consumer w's 64 rows of Qi.
+  __device__ unsigned char* Qi(int w) const { return base + w * C::kQBytes; }
+  __device__ unsigned char* Kj(int b) const {
+    return base + C::kConsumers * C::kQBytes + 2 * b * C::kKVBytes;
+  }
+  __device__ unsigned char* Vj(int b) const { return Kj(b) + C::kKVBytes; }
+  __device__ std::uint64_t* barriers() const {
+    return reinterpret_cast<std::uint64_t*>(Kj(kStages));
+  }
+  __device__ std::uint64_t* q_full() const { return barriers(); }      // Qi landed
+  __device__ std::uint64_t* q_empty() const { return barriers() + 1; } // consumers done with Qi
+  __device__ std::uint64_t* full(int b) const { return barriers() + 2 + b; }
+  __device__ std::uint64_t* empty(int b) const { return barriers() + 2 + kStages + b; }
+};
+
+/// The producer: thread 0 of warpgroup 0 issues every copy of the block's
+/// heads, in the order the consumers use them. A buffer's t-th fill waits
+/// for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e. t % 2 ^ 1
+/// (on a fresh barrier, waiting for parity 1 returns at once).
+template <typename Elem, typename C>
+__device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, const WsSmem<C>& s,
+                               int q_row0, int n_blocks) {
+  unsigned tiles = 0, heads = 0;
+  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
+    const int head = static_cast<int>(bh);
+    sm90::mbarrier_wait(s.q_empty(), heads % 2 ^ 1);  // line 4
+    // A consumer whose rows all lie past Nq gets no copy (a box wholly
+    // outside the tensor is not asked of TMA): it computes on whatever its
+    // Qi tile holds, rows that are never written out.
+    const int halves = min(C::kConsumers, (p.Nq - q_row0 - 1) / kBr + 1);
+    sm90::mbarrier_arrive_expect_tx(s.q_full(), halves * C::kQBytes);
+    for (int w = 0; w < halves; ++w) {
+      for (int cb = 0; cb < C::kColBlocks; ++cb) {
+        sm90::tma_load_3d(s.Qi(w) + cb * kBr * sm90::kSwizzleRowBytes, &maps.q, s.q_full(),
+                          64 * cb, q_row0 + w * kBr, head);
+      }
+    }
+    for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {  // line 7
+      const int b = tiles % kStages;
+      sm90::mbarrier_wait(s.empty(b), tiles / kStages % 2 ^ 1);
+      sm90::mbarrier_arrive_expect_tx(s.full(b), 2 * C::kKVBytes);
+      for (int cb = 0; cb < C::kColBlocks; ++cb) {
+        sm90::tma_load_3d(s.Kj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.k, s.full(b), 64 * cb,
+                          j * kBc, head);
+        sm90::tma_load_3d(s.Vj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.v, s.full(b), 64 * cb,
+                          j * kBc, head);
+      }
+    }
+  }
+}
+
+/// Step 5's tile loop for one consumer and head (FlashAttention-3,
+/// Algorithm 2): the product S_next = Qi K_j^T is issued together with
+/// O~ += P~_{j+1} V_{j+1} of the tile before, and the softmax of S_next runs
+/// while the second is in flight; O~'s rescale by the new factors waits for
+/// it. Row for row the same operations in the same order as steps 1-4:
+/// O~ is rescaled by tile j + 1's factors before P~_{j+1} V_{j+1} is added,
+/// and by tile j's after. Costs P~_{j+1} in 16 packed registers beside S_j.
+template <typename Elem, typename C, typename Turn, typename Pass>
+__device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& s,
+                                        std::uint32_t q_addr, int n_blocks, int unmasked_keys,
+                                        const int (&keys_seen)[2], unsigned& tiles,
+                                        float (&O)[C::kColBlocks][32], float (&m)[2],
+                                        float (&l)[2], Turn my_turn, Pass your_turn) {
+  if (n_blocks == 0) return;
+  float alpha[2];
+  // The last visited tile alone: its scores, softmax and rescale.
+  float S[32];
+  int b_prev = tiles % kStages;
+  sm90::mbarrier_wait(s.full(b_prev), tiles / kStages % 2);
+  my_turn();
+  qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b_prev)), p.negate_q);
+  your_turn();
+  if (unmasked_keys - (n_blocks - 1) * kBc < kBc) mask_scores(S, (n_blocks - 1) * kBc, keys_seen);
+  if (softmax_scores(S, m, l, alpha, p.scale_log2)) rescale_output<C>(O, alpha);
+  ++tiles;
+  for (int j = n_blocks - 2; j >= 0; --j, ++tiles) {
+    const int key0 = j * kBc;
+    const int b = tiles % kStages;
+    std::uint32_t a[C::kPVSteps][4];
+    pack_p<Elem, C>(a, S);  // P~_{j+1}, before the fence
+    sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+    my_turn();
+    // Group 1: S_j; group 2: O~ += P~_{j+1} V_{j+1}. The scale's sign is
+    // tested outside the fence and the chains (a branch between them makes
+    // ptxas wait, C7519).
+    const std::uint32_t k_addr = sm90::smem_address(s.Kj(b));
+    const std::uint32_t v_addr = sm90::smem_address(s.Vj(b_prev));
+    if (p.negate_q) {
+      sm90::wgmma_fence();
+      issue_qk<Elem, C, -1>(S, q_addr, k_addr);
+      issue_pv<Elem, C>(O, a, v_addr);
+    } else {
+      sm90::wgmma_fence();
+      issue_qk<Elem, C, 1>(S, q_addr, k_addr);
+      issue_pv<Elem, C>(O, a, v_addr);
+    }
+    your_turn();
+    sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
+    sm90::fence_accumulators(S);
+    if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+    const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
+    sm90::wgmma_wait<0>();
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
+    sm90::mbarrier_arrive(s.empty(b_prev));  // done with tile j + 1's buffer
+    if (moved) rescale_output<C>(O, alpha);
+    b_prev = b;
+  }
+  // The first tile's product.
+  my_turn();
+  pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b_prev)));
+  your_turn();
+  sm90::mbarrier_arrive(s.empty(b_prev));
+}
+
+/// The first of step 4's two named barriers (0 is __syncthreads'): consumer
+/// w waits on kTurn + w.
+inline constexpr int kTurn = 1;
+
+/// Consumer w (0 or 1): Algorithm 1 for rows q_row0 .. q_row0 + 63 of every
+/// head of the block, on the buffers the producer fills.
+template <typename Elem, typename C>
+__device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w, int q_row0,
+                               int n_blocks) {
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
+  auto keys_seen_by = [&](std::int64_t row) -> int {
+    if (!p.causal) return p.Nk;
+    const std::int64_t seen = row + 1 + p.Nk - p.Nq;
+    return static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  };
+  int keys_seen[2];
+  for (int h = 0; h < 2; ++h) {
+    keys_seen[h] = keys_seen_by(static_cast<std::int64_t>(q_row0) + 16 * warp + lane / 4 + 8 * h);
+  }
+  const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
+  const std::uint32_t q_addr = sm90::smem_address(s.Qi(w));
+  // Step 4's token: consumer w may use the tensor cores once its barrier
+  // kTurn + w has seen its own 128 threads and the other consumer's
+  // 128 arrivals; it passes the token on with an arrival at the other's.
+  auto my_turn = [&] {
+    if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, C::kConsumerThreads);
+  };
+  auto your_turn = [&] {
+    if constexpr (C::kPingPong) sm90::named_barrier_arrive(kTurn + 1 - w, C::kConsumerThreads);
+  };
+  unsigned tiles = 0, heads = 0;
+  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
+    float O[C::kColBlocks][32];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+      for (int r = 0; r < 32; ++r) O[cb][r] = 0.0f;
+    }
+    sm90::mbarrier_wait(s.q_full(), heads % 2);
+    if (w == 1) your_turn();  // consumer 0 goes first
+    if constexpr (C::kOverlap) {
+      overlapped_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
+                                my_turn, your_turn);
+    } else {
+      for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
+        const int key0 = j * kBc;
+        const int b = tiles % kStages;
+        sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+        float S[32];
+        my_turn();
+        qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);
+        your_turn();  // the other consumer's product runs under this softmax
+        if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+        online_softmax<C>(S, O, m, l, p.scale_log2);
+        my_turn();
+        pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
+        your_turn();
+        sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
+      }
+    }
+    // Consumer 0 takes the turn consumer 1 passed last (or first, when
+    // there is no tile): every arrival on a turn barrier is matched.
+    if (w == 0) my_turn();
+    sm90::mbarrier_arrive(s.q_empty());   // and with Qi
+    write_output<Elem, C>(p, bh, q_row0, O, m, l);
+  }
+}
+
+/// This block's first row of Q, and the K/V blocks its last row sees (the
+/// rest lie above the causal diagonal and are skipped).
+struct WsBlock {
+  int row0;
+  int n_blocks;
+};
+template <typename C, typename Elem>
+__device__ inline WsBlock ws_block(const Params<Elem>& p) {
+  const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  const int row0 = (Tr - 1 - static_cast<int>(blockIdx.x)) * C::kBlockRows;  // heaviest first
+  const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
+  const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
+  const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  return {row0, keys == 0 ? 0 : (keys - 1) / kBc + 1};
+}
+
+/// Step 3's kernel: one block of three warpgroups per (Q block of 128
+/// rows, head). The register cap at entry (384 threads, one block per SM:
+/// 168 each) is what setmaxnreg redistributes.
+template <typename Elem, typename C>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    hopper_ws_kernel(const Params<Elem> p, const __grid_constant__ TensorMaps maps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const WsSmem<C> s(smem_raw);
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(s.q_full(), 1);
+    sm90::mbarrier_init(s.q_empty(), C::kConsumerThreads);
+    for (int b = 0; b < kStages; ++b) {
+      sm90::mbarrier_init(s.full(b), 1);
+      sm90::mbarrier_init(s.empty(b), C::kConsumerThreads);
+    }
+    sm90::fence_proxy_async_shared();  // the copy engine sees the initialized barriers
+  }
+  __syncthreads();  // the last block-wide barrier: the roles split here
+  // Nothing computed above lives past setmaxnreg (the producer keeps 24
+  // registers: what lived longer would be spilled), so each role works out
+  // its rows and K/V blocks for itself.
+  if (threadIdx.x / kThreads == 0) {
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const WsBlock blk = ws_block<C>(p);
+      produce<Elem, C>(p, maps, s, blk.row0, blk.n_blocks);
+    }
+  } else {
+    sm90::setmaxnreg_inc<kConsumerRegs>();
+    const WsBlock blk = ws_block<C>(p);
+    const int w = threadIdx.x / kThreads - 1;
+    consume<Elem, C>(p, s, w, blk.row0 + w * kBr, blk.n_blocks);
+  }
+#endif
+}
+
+}  // namespace flashstep::hopper

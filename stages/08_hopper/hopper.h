@@ -1,0 +1,43 @@
+/// \file hopper.h
+/// \brief Stage 08: FlashAttention-3's ideas on Hopper (sm_90a): wgmma, TMA on
+/// mbarriers, and the ablation ladder that adds them one at a time
+/// (hopper_tiles.h). Host entry points; CUDA-free.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/stage.h"
+#include "hopper_tiles.h"
+
+namespace flashstep::hopper {
+
+/// Grid y holds at most 65535 blocks; beyond that one block takes several heads.
+inline constexpr std::int64_t kMaxGridY = 65535;
+
+/// The forward of one step, bf16 or fp16: one thread block per (Q block,
+/// head), of one warpgroup and 64 rows (steps 1-2) or of a producer and two
+/// consumer warpgroups and 128 rows (steps 3-5). Defined in the step's own
+/// .cu file.
+template <Step kStep>
+void forward(const Problem& p, const ForwardTensors& t, Stream stream);
+
+/// No scratch memory: 0.
+std::int64_t workspace_bytes(const Problem& p);
+
+/// FlashAttention-2's traffic and FLOPs on this stage's tiles, in 16-bit
+/// elements; shared-memory reads as wgmma makes them (hopper_model.cpp).
+template <Step kStep>
+Cost model(const Problem& p);
+
+/// The kernel's algorithm on the host, its tiles and numerics
+/// (hopper_mirror.cpp), counting what model() counts.
+template <Step kStep>
+Cost mirror(const Problem& p, const HostTensors& t);
+
+}  // namespace flashstep::hopper
+
+namespace flashstep {
+/// Registry entries of this folder, one per step.
+std::vector<Stage> stages_08_hopper();
+}  // namespace flashstep

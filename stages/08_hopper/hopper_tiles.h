@@ -1,0 +1,82 @@
+/// \file hopper_tiles.h
+/// \brief Stage 08's ablation steps and tile shapes, shared by the kernel
+/// (hopper.cuh), the launchers, the model and the CPU mirror. CUDA-free.
+#pragma once
+
+#include <string_view>
+
+namespace flashstep::hopper {
+
+/// The ablation ladder of FlashAttention-3's ideas. Every step keeps the
+/// previous steps' ideas.
+enum class Step : int {
+  /// wgmma.mma_async for S = Qi Kj^T (A and B from shared memory) and
+  /// O~ += P~ Vj (P~ from registers, V through a transposed descriptor),
+  /// each waited for at once; tiles copied in by the threads with ordinary
+  /// loads and stores into the 128-byte-swizzled layout wgmma reads.
+  kWgmmaSync = 1,
+  /// + TMA: Qi, Kj and Vj brought in by cp.async.bulk.tensor, kStages
+  ///   buffers deep, each completing on an mbarrier; K/V tile j - 1 lands
+  ///   while tile j computes.
+  kTmaPipeline = 2,
+  /// + warp specialization (FlashAttention-3 §3.1): a producer warpgroup,
+  ///   one thread of which issues every TMA copy, gives registers away
+  ///   (setmaxnreg.dec); two consumer warpgroups of 64 rows each take them
+  ///   (setmaxnreg.inc) and run the products and the softmax. Buffers are
+  ///   handed over by full and empty mbarriers, never by a block barrier.
+  kWarpSpecialized = 3,
+  /// + ping-pong (FlashAttention-3 §3.1): the two consumer warpgroups take
+  ///   turns on the tensor cores, a token passed on two named barriers
+  ///   around each product, so that one's softmax runs while the other's
+  ///   wgmma does.
+  kPingPong = 4,
+  /// + intra-warpgroup overlap (FlashAttention-3 §3.2, Algorithm 2): each
+  ///   consumer issues S_next = Qi K_{j}^T and O~ += P~_{j+1} V_{j+1}
+  ///   together, and runs the softmax of S_next while the second product is
+  ///   in flight; O~'s rescale waits for it.
+  kIntraOverlap = 5,
+};
+
+constexpr std::string_view step_slug(Step step) {
+  switch (step) {
+    case Step::kWgmmaSync: return "step1_wgmma_sync";
+    case Step::kTmaPipeline: return "step2_tma_pipeline";
+    case Step::kWarpSpecialized: return "step3_warp_specialized";
+    case Step::kPingPong: return "step4_ping_pong";
+    case Step::kIntraOverlap: break;
+  }
+  return "step5_intra_overlap";
+}
+
+/// Consumer warpgroups per block: one in steps 1-2 (which it shares with the
+/// copies), two from step 3 (beside the producer warpgroup), as
+/// FlashAttention-3 runs d = 64 and 128.
+constexpr int consumer_warpgroups(Step step) { return step >= Step::kWarpSpecialized ? 2 : 1; }
+
+/// Rows of Q per consumer warpgroup: one m64 wgmma tall. A block holds
+/// consumer_warpgroups(step) x kBr rows of Q (the paper's Br).
+inline constexpr int kBr = 64;
+/// Keys per K/V tile (the paper's Bc): one n64 wgmma wide for S, and one
+/// 128-byte swizzle row of Vj's column blocks for O += P V.
+inline constexpr int kBc = 64;
+/// Threads per warpgroup, and per block in steps 1-2.
+inline constexpr int kThreads = 128;
+/// Threads per block from step 3: the producer and two consumer warpgroups.
+inline constexpr int kWsThreads = 3 * kThreads;
+/// Registers per thread after setmaxnreg (step 3): the producer keeps 40,
+/// the consumers take 232 (40 x 128 + 2 x 232 x 128 = 64512 of the SM's
+/// 65536), one of FlashAttention-3's splits for two consumer warpgroups;
+/// with 24 the producer's copy loop spilled at d = 128 and 256.
+inline constexpr int kProducerRegs = 40;
+inline constexpr int kConsumerRegs = 232;
+/// K/V buffers of the TMA pipeline (step 2): two, so that the next tile's
+/// copy runs under this tile's products and softmax. At d = 256 two stages
+/// of Kj and Vj take 128 KiB beside Qi's 32 KiB, inside the 227 KiB a block
+/// may have.
+inline constexpr int kStages = 2;
+
+/// log2(e) and ln(2), as in stage 07: exponentials as exp2, scale folded in.
+inline constexpr double kLog2e = 1.4426950408889634;
+inline constexpr double kLn2 = 0.6931471805599453;
+
+}  // namespace flashstep::hopper

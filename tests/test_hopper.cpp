@@ -1,0 +1,170 @@
+// Stage 08 on the CPU: its registry entries' architecture, its mirror against
+// the fp64 reference at the GPU test's scales in both types, the negative
+// scale as wgmma's imm-scale-a (bit for bit, no traffic), and its model by
+// hand beside stage 07's. The layouts its kernel relies on are in
+// test_sm90_layout.cpp.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "common/check.h"
+#include "common/reference.h"
+#include "common/rounding.h"
+#include "common/stage.h"
+#include "check_cost.h"
+#include "shapes.h"
+
+using flashstep::Cost;
+using flashstep::DType;
+using flashstep::Problem;
+using flashstep::Stage;
+using flashstep::test::make_problem;
+
+namespace {
+
+std::vector<const Stage*> stage08_ladder() {
+  const auto ladder = flashstep::select_stages("08");
+  REQUIRE(ladder.size() == 5);
+  return ladder;
+}
+
+struct MirrorRun {
+  std::vector<float> O, L;  // [B, H, Nq, d] and [B, H, Nq]
+  Cost counted;
+};
+
+// The mirror on Q, K, V rounded to p.dtype (as the runner sends them), O and
+// L poisoned first.
+MirrorRun run_mirror(const Stage& s, const Problem& p, flashstep::Inputs in) {
+  for (std::vector<float>* x : {&in.Q, &in.K, &in.V}) {
+    flashstep::round_to_dtype(p.dtype, x->data(), static_cast<std::int64_t>(x->size()));
+  }
+  MirrorRun run;
+  run.O.assign(static_cast<size_t>(p.q_elems()), NAN);
+  run.L.assign(static_cast<size_t>(p.lse_elems()), NAN);
+  run.counted = s.mirror(p, {in.Q.data(), in.K.data(), in.V.data(), run.O.data(), run.L.data()});
+  return run;
+}
+
+Problem with_scale(Problem p, double scale, DType t) {
+  p.scale = scale;
+  p.dtype = t;
+  return p;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("stage 08's entries need sm_90a and were built for it, the other stages any GPU") {
+  for (const Stage& s : flashstep::all_stages()) {
+    CAPTURE(s.name);
+    if (s.name.substr(0, 3) == "08_") {
+      CHECK(s.arch == 90);
+      CHECK(s.arch_built);  // this build's nvcc knows sm_90a
+    } else {
+      CHECK(s.arch == 0);
+    }
+  }
+}
+
+TEST_CASE("stage 08's mirrors, in each type, at negative, zero and large scales: rule and model") {
+  const double scales[] = {-0.5, 0.0, 2.0};
+  std::vector<Problem> problems;
+  for (const Problem& p : flashstep::test::ragged_problems()) {
+    if (p.Nq * p.Nk <= 256 * 256) problems.push_back(p);
+  }
+  for (bool causal : {false, true}) problems.push_back(make_problem(1, 2, 300, 290, 136, causal));
+  std::uint64_t seed = 800;
+  for (const Problem& ragged : problems) {
+    for (double scale : scales) {
+      for (DType t : {DType::kBf16, DType::kFp16}) {
+        const Problem p = with_scale(ragged, scale, t);
+        const auto in = flashstep::random_inputs(p, seed++);
+        const flashstep::ForwardTruth truth = flashstep::forward_truth(p, in);
+        for (const Stage* s : stage08_ladder()) {
+          if (!s->supports(t)) continue;
+          CAPTURE(s->name);
+          CAPTURE(p.describe());
+          const MirrorRun run = run_mirror(*s, p, in);
+          const auto c = flashstep::check_forward(p, run.O.data(), run.L.data(), truth);
+          CHECK_MESSAGE(c.ok(), c.summary());
+          flashstep::test::check_counts_equal(run.counted, s->model(p));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stage 08: a negative scale is |scale| on -Q, bit for bit, at no cost (imm-scale-a)") {
+  for (const Stage* s : stage08_ladder()) {
+    for (bool causal : {false, true}) {
+      const Problem neg = with_scale(make_problem(1, 2, 130, 77, 72, causal), -0.3, DType::kBf16);
+      const Problem pos = with_scale(neg, 0.3, DType::kBf16);
+      CAPTURE(s->name);
+      CAPTURE(neg.describe());
+      const auto in = flashstep::random_inputs(neg, 8);
+      auto flipped = in;
+      for (float& x : flipped.Q) x = -x;  // exact in any type
+      const MirrorRun a = run_mirror(*s, neg, in);
+      const MirrorRun b = run_mirror(*s, pos, flipped);
+      CHECK(same_bits(a.O, b.O));
+      CHECK(same_bits(a.L, b.L));
+      flashstep::test::check_counts_equal(a.counted, b.counted);
+    }
+  }
+}
+
+TEST_CASE("stage 08's model by hand: Nq = Nk = 256, d = 64, K and V read once a warpgroup") {
+  // 64 x 64 tiles, one warpgroup: 4 Q blocks of R = 64 rows, each visiting
+  // 4 K/V blocks (C = 256 keys); 2-byte elements, L 4 bytes.
+  const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);
+  const std::int64_t blocks = 4, R = 64, n = 4, C = 256, d = 64, e = 2;
+  for (std::string_view name : {"08_step1_wgmma_sync", "08_step2_tma_pipeline"}) {
+    const Stage* s = flashstep::select_stages(name).front();
+    CAPTURE(s->name);
+    const Cost c = s->model(p);
+    CHECK(c.thread_blocks == blocks);
+    CHECK(c.skipped_tiles == 0);
+    CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
+    CHECK(c.hbm_write_bytes == blocks * R * (d * e + 4));
+    CHECK(c.sram_write_bytes == blocks * (R + 2 * C) * d * e);  // Qi, Kj, Vj; O not staged
+    // wgmma reads Qi once per K/V block, and Kj, Vj once for all four warps.
+    CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * C * d) * e);
+    CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+    CHECK(c.nonmatmul_flops == blocks * (5 * R * C + n * R * (4 + d) + R * (d + 4)));
+  }
+  // Stage 07's step 4 on the same 64 x 64 tiles: each of its 4 warps reads
+  // all of Kj and Vj, and O goes out through shared memory.
+  const Cost c07 = flashstep::select_stages("07_step4_p_in_registers").front()->model(p);
+  const Cost c08 = stage08_ladder().front()->model(p);
+  CHECK(c07.hbm_read_bytes == c08.hbm_read_bytes);
+  CHECK(c07.sram_read_bytes - c08.sram_read_bytes == blocks * (3 * 2 * C * d + R * d) * e);
+}
+
+TEST_CASE("stage 08 step 3's model by hand: two consumer warpgroups share a block of 128 rows") {
+  // Nq = Nk = 256, d = 64: 2 Q blocks of R = 128 rows, each visiting n = 4
+  // K/V blocks; each consumer warpgroup reads its 64 rows of Qi per tile and
+  // all of Kj and Vj: twice the K/V reads of one warpgroup, half the blocks.
+  const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);
+  const std::int64_t blocks = 2, R = 128, n = 4, C = 256, d = 64, e = 2;
+  const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
+  CHECK(c.thread_blocks == blocks);
+  CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
+  CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d) * e);
+  CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+}
+
+TEST_CASE("stage 08, causal: the blocks above the diagonal are skipped, as in stage 07") {
+  const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, true), 0.125, DType::kBf16);
+  // 64-row Q block i visits K/V blocks 0..i.
+  CHECK(flashstep::select_stages("08_step2_tma_pipeline").front()->model(p).skipped_tiles ==
+        0 + 1 + 2 + 3);
+  // 128-row Q block i visits K/V blocks 0..2i+1.
+  CHECK(flashstep::select_stages("08_hopper").front()->model(p).skipped_tiles == 2 + 0);
+}

@@ -1,0 +1,145 @@
+// Hopper's operand layouts (common/sm90_layout.h) against the PTX ISA's
+// figures, and stage 08's use of them: the tiles it writes are the tiles its
+// descriptors name, element for element. This is how the wgmma kernel's index
+// arithmetic is checked without a GPU.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <set>
+#include <utility>
+
+#include "common/sm90_layout.h"
+
+namespace sm90 = flashstep::sm90;
+
+TEST_CASE("wgmma accumulator layout: entries of the PTX ISA's m64nNk16 D figure") {
+  // Figure "WGMMA .m64nNk16 register fragment layout for accumulator matrix D":
+  // T0 holds d0, d1 at row 0, columns 0, 1 and d2, d3 at row 8; d4 starts
+  // columns 8..; T1 columns 2, 3; T4 row 1; warp 1 (T32) starts at row 16.
+  auto is = [](sm90::Coord c, int row, int col) { return c.row == row && c.col == col; };
+  CHECK(is(sm90::accumulator_coord(0, 0), 0, 0));
+  CHECK(is(sm90::accumulator_coord(0, 1), 0, 1));
+  CHECK(is(sm90::accumulator_coord(0, 2), 8, 0));
+  CHECK(is(sm90::accumulator_coord(0, 3), 8, 1));
+  CHECK(is(sm90::accumulator_coord(0, 4), 0, 8));
+  CHECK(is(sm90::accumulator_coord(1, 0), 0, 2));
+  CHECK(is(sm90::accumulator_coord(4, 0), 1, 0));
+  CHECK(is(sm90::accumulator_coord(31, 3), 15, 7));
+  CHECK(is(sm90::accumulator_coord(32, 0), 16, 0));
+  CHECK(is(sm90::accumulator_coord(127, 31), 63, 63));
+  // Every element of a 64 x 64 accumulator held exactly once by 128 x 32 registers.
+  std::set<std::pair<int, int>> seen;
+  for (int thread = 0; thread < sm90::kWarpgroupThreads; ++thread) {
+    for (int reg = 0; reg < 32; ++reg) {
+      const sm90::Coord c = sm90::accumulator_coord(thread, reg);
+      REQUIRE(c.row < 64);
+      REQUIRE(c.col < 64);
+      seen.insert({c.row, c.col});
+    }
+  }
+  CHECK(seen.size() == 64u * 64u);
+}
+
+TEST_CASE("wgmma A in registers: the m64k16 figure, and P from the S accumulators") {
+  auto is = [](sm90::Coord c, int row, int col) { return c.row == row && c.col == col; };
+  // Figure "WGMMA .m64nNk16 register fragment layout for matrix A": T0 a0
+  // holds (0, 0) and (0, 1), a1 (8, 0), a2 (0, 8), a3 (8, 8); T5 a0 (1, 2).
+  CHECK(is(sm90::a_register_coord(0, 0, 0), 0, 0));
+  CHECK(is(sm90::a_register_coord(0, 0, 1), 0, 1));
+  CHECK(is(sm90::a_register_coord(0, 1, 0), 8, 0));
+  CHECK(is(sm90::a_register_coord(0, 2, 0), 0, 8));
+  CHECK(is(sm90::a_register_coord(0, 3, 1), 8, 9));
+  CHECK(is(sm90::a_register_coord(5, 0, 0), 1, 2));
+  CHECK(is(sm90::a_register_coord(64, 0, 0), 32, 0));
+  // P's k16 block kk taken from S's registers: the same thread, the same
+  // row, column 16 kk + the A column. So P never leaves the registers.
+  for (int thread = 0; thread < sm90::kWarpgroupThreads; ++thread) {
+    for (int kk = 0; kk < 4; ++kk) {
+      for (int reg = 0; reg < 4; ++reg) {
+        for (int e = 0; e < 2; ++e) {
+          const sm90::Coord a = sm90::a_register_coord(thread, reg, e);
+          const sm90::Coord s =
+              sm90::accumulator_coord(thread, sm90::p_source_register(kk, reg, e));
+          CHECK(s.row == a.row);
+          CHECK(s.col == 16 * kk + a.col);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("128-byte swizzle: the PTX ISA's pattern, and a permutation of each 1024-byte atom") {
+  // Row r holds chunk c at chunk position c ^ (r % 8): row 1 is c1 c0 c3 c2 ...
+  CHECK(sm90::swizzle128_offset(0, 0, 64) == 0);
+  CHECK(sm90::swizzle128_offset(1, 0, 64) == 128 + 16);
+  CHECK(sm90::swizzle128_offset(1, 8, 64) == 128 + 0);
+  CHECK(sm90::swizzle128_offset(7, 0, 64) == 7 * 128 + 7 * 16);
+  CHECK(sm90::swizzle128_offset(8, 0, 64) == 1024);
+  CHECK(sm90::swizzle128_offset(3, 5, 64) == 3 * 128 + 3 * 16 + 10);
+  // Column 64 starts the second column block, after all 64 rows of the first.
+  CHECK(sm90::swizzle128_offset(0, 64, 64) == 64 * 128);
+  std::set<int> offsets;
+  for (int row = 0; row < 64; ++row) {
+    for (int col = 0; col < 128; ++col) offsets.insert(sm90::swizzle128_offset(row, col, 64));
+  }
+  CHECK(offsets.size() == 64u * 128u);
+  CHECK(*offsets.rbegin() == 64 * 128 * 2 - 2);
+  // The 8 rows of an atom at one column fall in 8 different 16-byte bank groups.
+  std::set<int> banks;
+  for (int row = 0; row < 8; ++row) banks.insert(sm90::swizzle128_offset(row, 0, 64) % 128 / 16);
+  CHECK(banks.size() == 8u);
+}
+
+TEST_CASE("matrix descriptor: the fields of the PTX ISA's format round-trip") {
+  const std::uint64_t desc = sm90::make_descriptor(0x1A400, 16, 1024, sm90::Swizzle::k128B);
+  CHECK((desc & 0x3FFF) == 0x1A40);
+  CHECK((desc >> 16 & 0x3FFF) == 1);
+  CHECK((desc >> 32 & 0x3FFF) == 64);
+  CHECK((desc >> 62) == 1);
+  CHECK((desc >> 49 & 7) == 0);
+  const sm90::DescriptorFields f = sm90::decode_descriptor(desc);
+  CHECK(f.start == 0x1A400);
+  CHECK(f.lbo == 16);
+  CHECK(f.sbo == 1024);
+  CHECK(f.swizzle == sm90::Swizzle::k128B);
+}
+
+TEST_CASE("stage 08's descriptors name the elements its swizzled tiles hold, d = 64, 128, 256") {
+  // Tiles as stage 08 lays them out (hopper.cuh): Qi [64 x D], Kj and Vj
+  // [64 x D], each D / 64 column blocks of 64 rows x 128 bytes, based on a
+  // 1024-byte boundary. Its descriptors are those of qk_product and
+  // pv_product; the address each names for an operand element must be the
+  // element's address in the tile.
+  constexpr std::uint32_t kBase = 0x4000;  // any 1024-byte aligned address
+  constexpr int kRows = 64;
+  for (int D : {64, 128, 256}) {
+    CAPTURE(D);
+    // S = Q K^T, k16 step kk: A(m, k) = Qi[m][16 kk + k]; B(k, n) = Kj[n][16 kk + k].
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t start = kBase + kk / 4 * kRows * 128 + kk % 4 * 32;
+      const std::uint64_t desc = sm90::make_descriptor(start, 16, 1024, sm90::Swizzle::k128B);
+      for (int mn = 0; mn < 64; ++mn) {
+        for (int k = 0; k < 16; ++k) {
+          const auto want = kBase + static_cast<std::uint32_t>(
+                                        sm90::swizzle128_offset(mn, 16 * kk + k, kRows));
+          REQUIRE(sm90::k_major_address(desc, mn, k) == want);
+        }
+      }
+    }
+    // O += P V, column block cb, k16 step kk: B(k, n) = Vj[16 kk + k][64 cb + n].
+    for (int cb = 0; cb < D / 64; ++cb) {
+      for (int kk = 0; kk < 4; ++kk) {
+        const std::uint32_t start = kBase + cb * kRows * 128 + kk * 16 * 128;
+        const std::uint64_t desc =
+            sm90::make_descriptor(start, kRows * 128, 1024, sm90::Swizzle::k128B);
+        for (int k = 0; k < 16; ++k) {
+          for (int n = 0; n < 64; ++n) {
+            const auto want = kBase + static_cast<std::uint32_t>(
+                                          sm90::swizzle128_offset(16 * kk + k, 64 * cb + n, kRows));
+            REQUIRE(sm90::mn_major_address(desc, k, n) == want);
+          }
+        }
+      }
+    }
+  }
+}
