@@ -121,7 +121,11 @@ DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const
   validate(p_);
   const bool backward = dO != nullptr;
   require_dtype(stage, p.dtype);
-  if (backward) require_dtype(stage, p.dtype, true);
+  require_heads(stage, p);
+  if (backward) {
+    require_dtype(stage, p.dtype, true);
+    require_heads(stage, p, true);
+  }
   const std::int64_t need = device_bytes_needed(stage, p, backward);
   size_t free_bytes = 0, total_bytes = 0;
   cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
