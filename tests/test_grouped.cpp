@@ -185,10 +185,11 @@ TEST_CASE("grouped heads: the mirrors of the stages that run them match the refe
       const auto counted = s.mirror(p, {sent.Q.data(), sent.K.data(), sent.V.data(), O.data(), L.data()});
       const auto c = flashstep::check_forward(p, O.data(), L.data(), flashstep::forward_truth(p, in));
       CHECK_MESSAGE(c.ok(), c.summary());
-      // Each query head still reads its group's K/V tiles itself: the model
-      // counts what the algorithm asks for, as with H_kv = H.
       flashstep::test::check_counts_equal(counted, s.model(p));
-      CHECK(s.model(p) == s.model(ungrouped(p)));
+      // Stages 04-07 have each query head read its group's K/V tiles itself:
+      // the model counts what the algorithm asks for, as with H_kv = H. Stage
+      // 09 reads them once per group (tests/test_split_kv.cpp).
+      if (s.name.substr(0, 3) != "09_") CHECK(s.model(p) == s.model(ungrouped(p)));
     }
   }
 }

@@ -1,0 +1,340 @@
+// Stage 09: split-KV decoding (flash-decoding), fp32 on CUDA cores.
+//
+// What changed since stage 05 (and why a new stage): decoding asks for Nq = 1
+// to 16 queries against Nk = thousands to a million keys. Stage 05 spreads Q
+// blocks over thread blocks; here there is one Q block per head, so it would
+// launch B * H blocks, a few dozen on a GPU that holds hundreds, each walking
+// all Nk keys. The time is set by reading K and V once, and that takes every
+// SM's share of the memory bandwidth. So the keys are spread instead:
+//
+//   split kernel   grid x = row tiles x splits, grid y = B * H_kv
+//                  block (tile, s, kvh): the group's rows r0 .. r0 + 31 (query
+//                  head g, query i; r = g Nq + i) against keys
+//                  [s kps, (s + 1) kps), Algorithm 1's loop over K/V tiles of
+//                  32 keys; writes O_s = O~ / l and L_s = m + log l per row
+//   merge kernel   one warp per row: L = logsumexp over s of L_s, then
+//                  O = sum over s of exp(L_s - L) O_s (common/partial_merge.h)
+//
+// Grouped-query heads: the G = H / H_kv query heads that share K/V head kvh
+// are rows of the same block, so a K/V tile loaded into shared memory serves
+// all of them (K/V read once per group, not once per query head).
+//
+// Thread layout (256 threads, 8 warps), per K/V tile of 32 keys:
+//   scores and softmax   warp w owns rows w, w + 8, w + 16, w + 24; lane j
+//                        computes the score of key j: the row max and sum are
+//                        one warp shuffle reduction each, m and l live in the
+//                        warp's registers
+//   O~ += P~ V           thread t owns O~ elements t + 256 k (row e / D,
+//                        column e % D): consecutive lanes, consecutive columns
+//
+// Run it: ./build/stages/cli/flashstep --stage 09 --B 1 --H 32 --H-kv 8 --Nq 1 --Nk 32768 --d 128
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "common/cuda_check.h"
+#include "common/error.h"
+#include "common/launch.cuh"
+#include "common/partial_merge.h"
+#include "common/reduce.cuh"
+#include "split_kv.h"
+
+namespace flashstep::split_kv {
+
+namespace {
+
+// log2(e) and ln(2): scores in log2 units, so each exponential is one exp2.
+constexpr double kLog2e = 1.4426950408889634;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct Params {
+  const float* Q;       // [B, H, Nq, d]
+  const float* K;       // [B, H_kv, Nk, d]
+  const float* V;       // [B, H_kv, Nk, d]
+  float* O;             // [B, H, Nq, d]
+  float* L;             // [B, H, Nq]
+  float* O_part;        // [splits, B * H, Nq, d], with splits > 1
+  float* L_part;        // [splits, B * H, Nq], with splits > 1
+  const std::int32_t* seqlens;  // [B] keys of each sequence (KV cache), or null: Nk each
+  std::int64_t H, H_kv;
+  std::int64_t kv_heads;  // B * H_kv
+  std::int64_t heads;     // B * H
+  int Nq, Nk, d;
+  std::int64_t group_rows, row_tiles, splits, keys_per_split;
+  float scale_log2;  // softmax scale * log2(e); any sign: each score is scaled, not the max
+  bool causal;
+};
+
+// Shared memory of the split kernel for the head-dimension bucket kD (d is
+// zero-padded up to it).
+template <int kD>
+struct Smem {
+  // K rows padded by one float: in the score loop lane j reads K[j][c], and
+  // a stride of kD + 1 puts the 32 lanes on 32 banks.
+  static constexpr int kKStride = kD + 1;
+  static constexpr int kQ = 0;                          // Qs [kRows][kD]
+  static constexpr int kK = kQ + kRows * kD;            // Ks [kBc][kKStride]
+  static constexpr int kV = kK + kBc * kKStride;        // Vs [kBc][kD]
+  static constexpr int kP = kV + kBc * kD;              // Ps [kRows][kBc]
+  static constexpr int kAlpha = kP + kRows * kBc;       // alpha [kRows]: this tile's rescale
+  static constexpr int kM = kAlpha + kRows;             // m [kRows], published at the end
+  static constexpr int kL = kM + kRows;                 // l [kRows], published at the end
+  static constexpr int kFloats = kL + kRows;
+  static constexpr std::size_t kBytes = sizeof(float) * kFloats;
+};
+
+// Rows a warp owns in the softmax.
+constexpr int kRowsPerWarp = kRows / kWarps;
+// At least two blocks per SM up to d = 128 (at most 128 registers a
+// thread): while one block waits on its K/V tile loads, the other computes.
+// Without the bound the compiler takes 178 registers at d = 128, one block
+// per SM. At d = 256 the 32 accumulators a thread holds need more: one block.
+constexpr int min_blocks_per_sm(int kD) { return kD <= 128 ? 2 : 1; }
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(const Params p) {
+  using S = Smem<kD>;
+  constexpr int kOwn = kRows * kD / kThreads;  // O~ elements per thread
+  extern __shared__ float smem[];
+  float* Qs = smem + S::kQ;
+  float* Ks = smem + S::kK;
+  float* Vs = smem + S::kV;
+  float* Ps = smem + S::kP;
+  float* alpha_s = smem + S::kAlpha;
+  float* m_s = smem + S::kM;
+  float* l_s = smem + S::kL;
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const std::int64_t units = p.row_tiles * p.splits;
+
+  for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
+    const std::int64_t b = kvh / p.H_kv;
+    // The sequence's keys: its cache length (clamped to the cache, so no read
+    // leaves it), or all Nk.
+    const int nk = p.seqlens ? min(max(p.seqlens[b], 0), p.Nk) : p.Nk;
+    const float* K = p.K + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
+    const float* V = p.V + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
+    for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+      const std::int64_t tile = u / p.splits;
+      const std::int64_t s = u % p.splits;
+      const std::int64_t r0 = tile * kRows;
+      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kRows), p.group_rows - r0));
+      // This split's keys, k_lo .. k_hi - 1: 32-bit, as Nk < 2^31.
+      const int k_lo = static_cast<int>(s * p.keys_per_split);
+      const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
+
+      __syncthreads();  // the previous unit is done with every shared array
+      // Q rows of the tile, zero past `rows` and past d.
+      for (int e = tid; e < kRows * kD; e += kThreads) {
+        const int r = e / kD, c = e % kD;
+        float q = 0.0f;
+        if (r < rows && c < p.d) {
+          const std::int64_t rr = r0 + r;
+          const std::int64_t bh = query_head(kvh, rr / p.Nq, p.H, p.H_kv);
+          q = p.Q[(bh * p.Nq + rr % p.Nq) * p.d + c];
+        }
+        Qs[e] = q;
+      }
+      // The warp's rows: m and l (Algorithm 1's m_i, l_i, identical in every
+      // lane) and the keys each may see in this split.
+      float m_row[kRowsPerWarp], l_row[kRowsPerWarp];
+      int end_row[kRowsPerWarp];
+#pragma unroll
+      for (int k = 0; k < kRowsPerWarp; ++k) {
+        const int r = warp + kWarps * k;
+        m_row[k] = -INFINITY;
+        l_row[k] = 0.0f;
+        end_row[k] = r < rows ? static_cast<int>(min(static_cast<std::int64_t>(k_hi),
+                                                     visible_keys((r0 + r) % p.Nq, p.Nq, nk, p.causal)))
+                              : k_lo;
+      }
+      float acc[kOwn];  // O~, unnormalized
+#pragma unroll
+      for (int k = 0; k < kOwn; ++k) acc[k] = 0.0f;
+
+      for (int kt = k_lo; kt < k_hi; kt += kBc) {
+        __syncthreads();  // Qs written; the previous tile's readers of Ks, Vs, Ps done
+        // K and V tiles, zero past the split's keys and past d: a zero V row
+        // times a zero P~ adds nothing (an uninitialized one could be NaN).
+        const float* Kt = K + static_cast<std::int64_t>(kt) * p.d;  // [keys, d]: contiguous
+        const float* Vt = V + static_cast<std::int64_t>(kt) * p.d;
+        const int keys = min(kBc, k_hi - kt);
+#pragma unroll 4
+        for (int e = tid; e < kBc * kD; e += kThreads) {
+          const int j = e / kD, c = e % kD;
+          const bool in = j < keys && c < p.d;
+          Ks[j * S::kKStride + c] = in ? Kt[j * p.d + c] : 0.0f;
+          Vs[j * kD + c] = in ? Vt[j * p.d + c] : 0.0f;
+        }
+        __syncthreads();
+        // S = scale Q K^T for the warp's rows, lane = key; the online softmax.
+        // (The arrays stay in registers only if every index is a constant:
+        // the loops over k are unrolled, rows past `rows` skipped, not left.)
+#pragma unroll
+        for (int k = 0; k < kRowsPerWarp; ++k) {
+          const int r = warp + kWarps * k;
+          if (r >= rows) continue;  // warp-uniform
+          float score = -INFINITY;  // a key the row may not see
+          if (kt + lane < end_row[k]) {
+            float dot = 0.0f;
+#pragma unroll 8
+            for (int c = 0; c < kD; ++c) dot += Qs[r * kD + c] * Ks[lane * S::kKStride + c];
+            score = dot * p.scale_log2;
+          }
+          const float m_new = fmaxf(m_row[k], warp_reduce(score, MaxOp{}));
+          // No key seen yet: subtract 0, so exp2(-inf - 0) = 0, not exp2(NaN).
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+          const float p_ij = exp2f(score - m_use);
+          const float alpha = exp2f(m_row[k] - m_use);
+          l_row[k] = l_row[k] * alpha + warp_reduce(p_ij, SumOp{});
+          m_row[k] = m_new;
+          Ps[r * kBc + lane] = p_ij;
+          if (lane == 0) alpha_s[r] = alpha;
+        }
+        __syncthreads();
+        // O~ = alpha O~ + P~ V for the thread's elements.
+#pragma unroll
+        for (int k = 0; k < kOwn; ++k) {
+          const int e = tid + kThreads * k;
+          const int r = e / kD, c = e % kD;
+          if (r >= rows) continue;
+          float o = acc[k] * alpha_s[r];
+#pragma unroll 8
+          for (int j = 0; j < kBc; ++j) o += Ps[r * kBc + j] * Vs[j * kD + c];
+          acc[k] = o;
+        }
+      }
+
+#pragma unroll
+      for (int k = 0; k < kRowsPerWarp; ++k) {
+        const int r = warp + kWarps * k;
+        if (lane == 0) {
+          m_s[r] = m_row[k];
+          l_s[r] = l_row[k];
+        }
+      }
+      __syncthreads();
+      // O_s = O~ / l and L_s = m + log l (natural log): the partial of this
+      // split, or with one split the answer. A row that saw no key has l = 0:
+      // O = 0, L = -inf. (l NaN, from NaN inputs, stays NaN.)
+#pragma unroll
+      for (int k = 0; k < kOwn; ++k) {
+        const int e = tid + kThreads * k;
+        const int r = e / kD, c = e % kD;
+        if (r >= rows || c >= p.d) continue;
+        const std::int64_t rr = r0 + r;
+        const std::int64_t row = query_head(kvh, rr / p.Nq, p.H, p.H_kv) * p.Nq + rr % p.Nq;
+        const float o = l_s[r] == 0.0f ? 0.0f : acc[k] / l_s[r];
+        if (p.splits == 1) p.O[row * p.d + c] = o;
+        else p.O_part[((s * p.heads * p.Nq) + row) * p.d + c] = o;
+      }
+      if (tid < rows) {
+        const std::int64_t rr = r0 + tid;
+        const std::int64_t row = query_head(kvh, rr / p.Nq, p.H, p.H_kv) * p.Nq + rr % p.Nq;
+        const float L = l_s[tid] == 0.0f ? -INFINITY : (m_s[tid] + log2f(l_s[tid])) * kLn2;
+        if (p.splits == 1) p.L[row] = L;
+        else p.L_part[s * p.heads * p.Nq + row] = L;
+      }
+    }
+  }
+}
+
+// One warp per row of O: L = logsumexp of the partials' L_s, then
+// O = sum_s exp(L_s - L) O_s.
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params p) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const std::int64_t rows = p.heads * p.Nq;
+  for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kMergeRows) + warp; row < rows;
+       row += static_cast<std::int64_t>(gridDim.x) * kMergeRows) {
+    float L = -INFINITY;
+    for (std::int64_t s = 0; s < p.splits; ++s) L = lse_merge(L, p.L_part[s * rows + row]);
+    for (int c = lane; c < p.d; c += kWarpSize) {
+      float o = 0.0f;
+      for (std::int64_t s = 0; s < p.splits; ++s) {
+        o += partial_weight(p.L_part[s * rows + row], L) * p.O_part[(s * rows + row) * p.d + c];
+      }
+      p.O[row * p.d + c] = o;
+    }
+    if (lane == 0) p.L[row] = L;
+  }
+}
+
+int device_sm_count() {
+  int device = 0, sms = 0;
+  cuda_check(cudaGetDevice(&device), "stage 09: cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "stage 09: SM count");
+  return sms;
+}
+
+template <int kD>
+void launch_split(const Params& prm, Stream stream) {
+  const dim3 grid(static_cast<unsigned>(std::min(prm.row_tiles * prm.splits, kMaxGridX)),
+                  static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
+  launch_with_smem(split_kernel<kD>, grid, kThreads, Smem<kD>::kBytes, stream,
+                   "stage 09 split_kernel", prm);
+}
+
+void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens, Stream stream,
+         bool split) {
+  validate(p);
+  if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 09: null tensor pointer");
+  if (p.dtype != DType::kFp32) throw Error("stage 09 runs in fp32 only");
+  const Plan plan = make_plan(p, device_sm_count(), split);
+  if (plan.splits > 1 && !t.workspace) throw Error("stage 09: null workspace with several splits");
+  Params prm{};
+  prm.Q = static_cast<const float*>(t.Q);
+  prm.K = static_cast<const float*>(t.K);
+  prm.V = static_cast<const float*>(t.V);
+  prm.O = static_cast<float*>(t.O);
+  prm.L = t.L;
+  prm.O_part = static_cast<float*>(t.workspace);
+  prm.L_part = plan.splits > 1 ? prm.O_part + plan.splits * p.q_elems() : nullptr;
+  prm.seqlens = seqlens;
+  prm.H = p.H;
+  prm.H_kv = p.kv_heads();
+  prm.kv_heads = p.B * p.kv_heads();
+  prm.heads = p.heads();
+  prm.Nq = static_cast<int>(p.Nq);
+  prm.Nk = static_cast<int>(p.Nk);
+  prm.d = static_cast<int>(p.d);
+  prm.group_rows = plan.group_rows;
+  prm.row_tiles = plan.row_tiles;
+  prm.splits = plan.splits;
+  prm.keys_per_split = plan.keys_per_split;
+  prm.scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
+  prm.causal = p.causal;
+  switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
+    case 64: launch_split<64>(prm, stream); break;
+    case 128: launch_split<128>(prm, stream); break;
+    default: launch_split<256>(prm, stream); break;
+  }
+  if (plan.splits > 1) {
+    const std::int64_t blocks = (p.heads() * p.Nq - 1) / kMergeRows + 1;
+    merge_kernel<<<static_cast<unsigned>(std::min(blocks, kMaxGridX)), kMergeThreads, 0, stream>>>(
+        prm);
+    check_launch("stage 09 merge_kernel");
+  }
+}
+
+}  // namespace
+
+void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
+  run(p, t, nullptr, stream, true);
+}
+
+void forward_one_block(const Problem& p, const ForwardTensors& t, Stream stream) {
+  run(p, t, nullptr, stream, false);
+}
+
+void forward_kvcache(const Problem& p, const ForwardTensors& t, const std::int32_t* cache_seqlens,
+                     Stream stream, bool split) {
+  if (!cache_seqlens) throw Error("stage 09: null cache_seqlens");
+  run(p, t, cache_seqlens, stream, split);
+}
+
+}  // namespace flashstep::split_kv
