@@ -30,6 +30,10 @@
 #             N = 4096, d = 64: why split-Q is slower there; skipped without ncu)
 #   ablation  ablation.py       -> ablation.csv (ncu on each step of stage 07's ladder and on
 #             FlashAttention-2's kernel; skipped without ncu, kept old if no counters)
+#   decode    decode.py         -> decode.csv   (stage 09 and its one-block contrast on decoding
+#             problems, H = 32 with H_kv 32/8/1, Nq 1 and 4, Nk 1k..512k, B 1..64, d = 128,
+#             beside PyTorch SDPA with enable_gqa when torch + CUDA are there; DECODE_ARGS
+#             picks points, e.g. "--Nq 1")
 #   ring      ring.py           -> ring.csv     (stage 10 on every visible GPU, needs 2 or more:
 #             weak and strong scaling, the longest N, the overlap switched off; RING_ARGS
 #             picks parts, e.g. "--parts weak"; the rows are added to those already recorded)
@@ -55,6 +59,8 @@
 #   bash tests/bench/run_all.sh /tmp/d build traffic                       # ~5-8 min
 #   bash tests/bench/run_all.sh /tmp/e build backward                      # see its log
 #   bash tests/bench/run_all.sh /tmp/f build causal splitq                 # ~6 min
+#   DECODE_ARGS="--Nq 1" bash tests/bench/run_all.sh /tmp/g build decode   # not yet timed
+#   DECODE_ARGS="--Nq 4" bash tests/bench/run_all.sh /tmp/h build decode   # (appends)
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
@@ -66,10 +72,11 @@
 # TILES_ARGS (flags for flashstep_tile_sweep, e.g. "--d 128 --N 4096"),
 # CAUSAL_ARGS (flags for flashstep_causal, e.g. "--d 64 --N 4096"),
 # ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64"),
-# RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast").
+# RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast"),
+# DECODE_ARGS (flags for decode.py, e.g. "--Nq 1": the decode sweep in two calls, --Nq 1 then 4).
 set -uo pipefail
 all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal splitq ablation
-           ring tables plots)
+           decode ring tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -90,6 +97,7 @@ read -r -a tiles_args <<<"${TILES_ARGS:-}"
 read -r -a causal_args <<<"${CAUSAL_ARGS:-}"
 read -r -a ablation_args <<<"${ABLATION_ARGS:-}"
 read -r -a ring_args <<<"${RING_ARGS:-}"
+read -r -a decode_args <<<"${DECODE_ARGS:-}"
 if [ -z "${FLASHSTEP_COMMIT:-}" ]; then
   FLASHSTEP_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
   if [ "$FLASHSTEP_COMMIT" != unknown ] && ! git diff --quiet HEAD -- 2>/dev/null; then
@@ -254,6 +262,15 @@ for s in "${steps[@]}"; do
       else
         say "ablation: skipped, ncu read no counters here (see $log/ablation.csv); $results/ablation.csv left as it was"
       fi
+      ;;
+    decode)
+      peers_flag=()
+      have_torch || peers_flag=(--no-peers)
+      # Rows add to those already recorded, so DECODE_ARGS can split the sweep into calls.
+      [ -s "$results/decode.csv" ] && cp "$results/decode.csv" "$log/decode.csv"
+      step decode "$py" tests/bench/decode.py --flashstep "$exe" --append --out "$log/decode.csv" \
+        "${peers_flag[@]}" "${decode_args[@]}"
+      record decode decode.csv
       ;;
     ring)
       if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -lt 2 ]; then
