@@ -26,6 +26,8 @@
 //                        warp's registers
 //   O~ += P~ V           thread t owns O~ elements t + 256 k (row e / D,
 //                        column e % D): consecutive lanes, consecutive columns
+// The next K/V tile arrives by cp.async while this one is computed (two
+// buffers up to d = 128, one at d = 256: stages_for).
 //
 // Run it: ./build/stages/cli/flashstep --stage 09 --B 1 --H 32 --H-kv 8 --Nq 1 --Nk 32768 --d 128
 #include <cuda_runtime.h>
@@ -37,6 +39,7 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/launch.cuh"
+#include "common/mma_sm80.cuh"
 #include "common/partial_merge.h"
 #include "common/reduce.cuh"
 #include "split_kv.h"
@@ -65,19 +68,28 @@ struct Params {
   std::int64_t group_rows, row_tiles, splits, keys_per_split;
   float scale_log2;  // softmax scale * log2(e); any sign: each score is scaled, not the max
   bool causal;
+  bool vec;  // d % 4 == 0 and 16-byte aligned tensors: K/V tiles by 16-byte cp.async
 };
+
+// K/V tiles in flight: 2 (the next tile's copies run while this one is
+// computed) up to d = 128; at d = 256 two stages would need 169 KiB of shared
+// memory, more than an sm_80 block may have (163 KiB), so one.
+constexpr int stages_for(int kD) { return kD <= 128 ? 2 : 1; }
 
 // Shared memory of the split kernel for the head-dimension bucket kD (d is
 // zero-padded up to it).
 template <int kD>
 struct Smem {
-  // K rows padded by one float: in the score loop lane j reads K[j][c], and
-  // a stride of kD + 1 puts the 32 lanes on 32 banks.
-  static constexpr int kKStride = kD + 1;
-  static constexpr int kQ = 0;                          // Qs [kRows][kD]
-  static constexpr int kK = kQ + kRows * kD;            // Ks [kBc][kKStride]
-  static constexpr int kV = kK + kBc * kKStride;        // Vs [kBc][kD]
-  static constexpr int kP = kV + kBc * kD;              // Ps [kRows][kBc]
+  static constexpr int kStages = stages_for(kD);
+  // K rows padded by 4 floats: in the score loop lane j reads K[j][c .. c+3]
+  // as one 16-byte load, and a stride of kD + 4 puts the 8 lanes of each
+  // quarter-warp phase on 8 different 16-byte bank groups; rows stay 16-byte
+  // aligned for cp.async.
+  static constexpr int kKStride = kD + 4;
+  static constexpr int kQ = 0;                              // Qs [kRows][kD]
+  static constexpr int kK = kQ + kRows * kD;                // Ks [kStages][kBc][kKStride]
+  static constexpr int kV = kK + kStages * kBc * kKStride;  // Vs [kStages][kBc][kD]
+  static constexpr int kP = kV + kStages * kBc * kD;        // Ps [kRows][kBc]
   static constexpr int kAlpha = kP + kRows * kBc;       // alpha [kRows]: this tile's rescale
   static constexpr int kM = kAlpha + kRows;             // m [kRows], published at the end
   static constexpr int kL = kM + kRows;                 // l [kRows], published at the end
@@ -93,11 +105,42 @@ constexpr int kRowsPerWarp = kRows / kWarps;
 // per SM. At d = 256 the 32 accumulators a thread holds need more: one block.
 constexpr int min_blocks_per_sm(int kD) { return kD <= 128 ? 2 : 1; }
 
+// Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 into
+// buffer `buf`: 16-byte cp.async chunks with p.vec, else element by element
+// through registers. Keys past k_hi and columns past d are zero: a zero V row
+// times a zero P~ adds nothing (stale data there could be NaN).
+template <int kD>
+__device__ void load_kv_tile(const Params& p, const float* K, const float* V, int kt, int k_hi,
+                             float* Ks, float* Vs) {
+  using S = Smem<kD>;
+  const float* Kt = K + static_cast<std::int64_t>(kt) * p.d;  // [keys, d]: contiguous
+  const float* Vt = V + static_cast<std::int64_t>(kt) * p.d;
+  const int keys = min(kBc, k_hi - kt);
+  if (p.vec) {
+    constexpr int kChunks = kD / 4;  // 16-byte chunks a row
+    for (int e = threadIdx.x; e < kBc * kChunks; e += kThreads) {
+      const int j = e / kChunks, c = (e % kChunks) * 4;
+      const bool in = j < keys && c < p.d;  // d % 4 == 0: a chunk is wholly in or out
+      sm80::cp_async_16(Ks + j * S::kKStride + c, in ? Kt + j * p.d + c : Kt, in);
+      sm80::cp_async_16(Vs + j * kD + c, in ? Vt + j * p.d + c : Vt, in);
+    }
+  } else {
+    for (int e = threadIdx.x; e < kBc * kD; e += kThreads) {
+      const int j = e / kD, c = e % kD;
+      const bool in = j < keys && c < p.d;
+      Ks[j * S::kKStride + c] = in ? Kt[j * p.d + c] : 0.0f;
+      Vs[j * kD + c] = in ? Vt[j * p.d + c] : 0.0f;
+    }
+  }
+}
+
 template <int kD>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(const Params p) {
   using S = Smem<kD>;
   constexpr int kOwn = kRows * kD / kThreads;  // O~ elements per thread
-  extern __shared__ float smem[];
+  constexpr int kStages = S::kStages;
+  extern __shared__ float4 smem_vec[];  // float4: 16-byte alignment for cp.async and float4 reads
+  float* smem = reinterpret_cast<float*>(smem_vec);
   float* Qs = smem + S::kQ;
   float* Ks = smem + S::kK;
   float* Vs = smem + S::kV;
@@ -125,9 +168,18 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
       // This split's keys, k_lo .. k_hi - 1: 32-bit, as Nk < 2^31.
       const int k_lo = static_cast<int>(s * p.keys_per_split);
       const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
+      const int tiles = k_hi > k_lo ? (k_hi - k_lo - 1) / kBc + 1 : 0;
 
       __syncthreads();  // the previous unit is done with every shared array
-      // Q rows of the tile, zero past `rows` and past d.
+      // The first kStages - 1 K/V tiles start on their way, then the Q rows
+      // of the tile, zero past `rows` and past d, are loaded beside them.
+      for (int t = 0; t < kStages - 1; ++t) {
+        if (t < tiles) {
+          load_kv_tile<kD>(p, K, V, k_lo + t * kBc, k_hi, Ks + t * kBc * S::kKStride,
+                           Vs + t * kBc * kD);
+        }
+        sm80::cp_async_commit();
+      }
       for (int e = tid; e < kRows * kD; e += kThreads) {
         const int r = e / kD, c = e % kD;
         float q = 0.0f;
@@ -155,21 +207,23 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
 #pragma unroll
       for (int k = 0; k < kOwn; ++k) acc[k] = 0.0f;
 
-      for (int kt = k_lo; kt < k_hi; kt += kBc) {
-        __syncthreads();  // Qs written; the previous tile's readers of Ks, Vs, Ps done
-        // K and V tiles, zero past the split's keys and past d: a zero V row
-        // times a zero P~ adds nothing (an uninitialized one could be NaN).
-        const float* Kt = K + static_cast<std::int64_t>(kt) * p.d;  // [keys, d]: contiguous
-        const float* Vt = V + static_cast<std::int64_t>(kt) * p.d;
-        const int keys = min(kBc, k_hi - kt);
-#pragma unroll 4
-        for (int e = tid; e < kBc * kD; e += kThreads) {
-          const int j = e / kD, c = e % kD;
-          const bool in = j < keys && c < p.d;
-          Ks[j * S::kKStride + c] = in ? Kt[j * p.d + c] : 0.0f;
-          Vs[j * kD + c] = in ? Vt[j * p.d + c] : 0.0f;
+      for (int t = 0; t < tiles; ++t) {
+        // Tile t + kStages - 1 starts into the buffer tile t - 1 used (every
+        // thread finished with it at the barrier that ended that iteration);
+        // then this thread waits for its copies of tile t, and the barrier
+        // makes everyone's visible.
+        const int ahead = t + kStages - 1;
+        if (ahead < tiles) {
+          const int buf = ahead % kStages;
+          load_kv_tile<kD>(p, K, V, k_lo + ahead * kBc, k_hi, Ks + buf * kBc * S::kKStride,
+                           Vs + buf * kBc * kD);
         }
+        sm80::cp_async_commit();
+        sm80::cp_async_wait<kStages - 1>();
         __syncthreads();
+        const int kt = k_lo + t * kBc;
+        const float* Kb = Ks + (t % kStages) * kBc * S::kKStride;  // [kBc][kKStride]
+        const float* Vb = Vs + (t % kStages) * kBc * kD;           // [kBc][kD]
         // S = scale Q K^T for the warp's rows, lane = key; the online softmax.
         // (The arrays stay in registers only if every index is a constant:
         // the loops over k are unrolled, rows past `rows` skipped, not left.)
@@ -179,9 +233,17 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
           if (r >= rows) continue;  // warp-uniform
           float score = -INFINITY;  // a key the row may not see
           if (kt + lane < end_row[k]) {
+            const float4* q4 = reinterpret_cast<const float4*>(Qs + r * kD);
+            const float4* k4 = reinterpret_cast<const float4*>(Kb + lane * S::kKStride);
             float dot = 0.0f;
-#pragma unroll 8
-            for (int c = 0; c < kD; ++c) dot += Qs[r * kD + c] * Ks[lane * S::kKStride + c];
+#pragma unroll 4
+            for (int c = 0; c < kD / 4; ++c) {
+              const float4 a = q4[c], b4 = k4[c];
+              dot += a.x * b4.x;
+              dot += a.y * b4.y;
+              dot += a.z * b4.z;
+              dot += a.w * b4.w;
+            }
             score = dot * p.scale_log2;
           }
           const float m_new = fmaxf(m_row[k], warp_reduce(score, MaxOp{}));
@@ -203,9 +265,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
           if (r >= rows) continue;
           float o = acc[k] * alpha_s[r];
 #pragma unroll 8
-          for (int j = 0; j < kBc; ++j) o += Ps[r * kBc + j] * Vs[j * kD + c];
+          for (int j = 0; j < kBc; ++j) o += Ps[r * kBc + j] * Vb[j * kD + c];
           acc[k] = o;
         }
+        __syncthreads();  // Ps, alpha and this tile's buffer are free again
       }
 
 #pragma unroll
@@ -308,6 +371,7 @@ void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens,
   prm.keys_per_split = plan.keys_per_split;
   prm.scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
   prm.causal = p.causal;
+  prm.vec = float4_ok(p, t);
   switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
     case 64: launch_split<64>(prm, stream); break;
     case 128: launch_split<128>(prm, stream); break;
