@@ -12,6 +12,7 @@
 #include "09_split_kv/split_kv.h"
 #include "common/check.h"
 #include "common/reference.h"
+#include "common/rounding.h"
 #include "check_cost.h"
 #include "shapes.h"
 
@@ -195,6 +196,35 @@ TEST_CASE("stage 09's KV cache: lengths that differ across the batch, queries at
             CHECK_MESSAGE(c.ok(), c.summary());
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("stage 09 in bf16 and fp16: the mirror passes FlashAttention's rule and counts 2-byte elements") {
+  std::uint64_t seed = 120;
+  for (flashstep::DType t : {flashstep::DType::kBf16, flashstep::DType::kFp16}) {
+    for (const Problem& grouped : flashstep::test::grouped_problems()) {
+      Problem p = grouped;
+      p.dtype = t;
+      auto in = flashstep::random_inputs(p, seed++);
+      const auto truth = flashstep::forward_truth(p, in);  // rounds a copy of the inputs
+      for (std::vector<float>* x : {&in.Q, &in.K, &in.V}) {
+        flashstep::round_to_dtype(t, x->data(), static_cast<std::int64_t>(x->size()));
+      }
+      const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
+      for (int sms : {1, sk::kModelSmCount, 1024}) {
+        CAPTURE(p.describe());
+        CAPTURE(sms);
+        const Run r = run_kvcache(p, in, full, sms);
+        const auto c = flashstep::check_forward(p, r.O.data(), r.L.data(), truth);
+        CHECK_MESSAGE(c.ok(), c.summary());
+        check_empty_rows(p, r);
+        // O holds the type's values: rounding it again changes nothing.
+        std::int64_t unrounded = 0;
+        for (float o : r.O) unrounded += flashstep::round_to_dtype(t, o) != o;
+        CHECK(unrounded == 0);
+        if (sms == sk::kModelSmCount) flashstep::test::check_counts_equal(r.counted, sk::model(p));
       }
     }
   }

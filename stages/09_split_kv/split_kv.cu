@@ -1,4 +1,5 @@
-// Stage 09: split-KV decoding (flash-decoding), fp32 on CUDA cores.
+// Stage 09: split-KV decoding (flash-decoding) on CUDA cores: Q, K, V and O
+// in fp32, fp16 or bf16, every sum in fp32.
 //
 // What changed since stage 05 (and why a new stage): decoding asks for Nq = 1
 // to 16 queries against Nk = thousands to a million keys. Stage 05 spreads Q
@@ -37,6 +38,7 @@
 #include <cstdint>
 
 #include "common/cuda_check.h"
+#include "common/element.cuh"
 #include "common/error.h"
 #include "common/launch.cuh"
 #include "common/mma_sm80.cuh"
@@ -52,11 +54,13 @@ namespace {
 constexpr double kLog2e = 1.4426950408889634;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Elem: float, __half or __nv_bfloat16 (common/element.cuh).
+template <typename Elem>
 struct Params {
-  const float* Q;       // [B, H, Nq, d]
-  const float* K;       // [B, H_kv, Nk, d]
-  const float* V;       // [B, H_kv, Nk, d]
-  float* O;             // [B, H, Nq, d]
+  const Elem* Q;        // [B, H, Nq, d]
+  const Elem* K;        // [B, H_kv, Nk, d]
+  const Elem* V;        // [B, H_kv, Nk, d]
+  Elem* O;              // [B, H, Nq, d]
   float* L;             // [B, H, Nq]
   float* O_part;        // [splits, B * H, Nq, d], with splits > 1
   float* L_part;        // [splits, B * H, Nq], with splits > 1
@@ -68,33 +72,36 @@ struct Params {
   std::int64_t group_rows, row_tiles, splits, keys_per_split;
   float scale_log2;  // softmax scale * log2(e); any sign: each score is scaled, not the max
   bool causal;
-  bool vec;  // d % 4 == 0 and 16-byte aligned tensors: K/V tiles by 16-byte cp.async
+  bool vec;  // 16-byte rows (d * sizeof(Elem) % 16 == 0), aligned tensors: K/V by 16-byte cp.async
 };
 
 // K/V tiles in flight: 2 (the next tile's copies run while this one is
-// computed) up to d = 128; at d = 256 two stages would need 169 KiB of shared
+// computed) up to d = 128; at d = 256 two stages would need 165 KiB of shared
 // memory, more than an sm_80 block may have (163 KiB), so one.
 constexpr int stages_for(int kD) { return kD <= 128 ? 2 : 1; }
 
 // Shared memory of the split kernel for the head-dimension bucket kD (d is
-// zero-padded up to it).
-template <int kD>
+// zero-padded up to it): byte offsets, each a multiple of 16. Q, P~ and the
+// row statistics are fp32; the K and V tiles stay in Elem as they arrive by
+// cp.async, widened where they are read.
+template <int kD, typename Elem>
 struct Smem {
   static constexpr int kStages = stages_for(kD);
-  // K rows padded by 4 floats: in the score loop lane j reads K[j][c .. c+3]
-  // as one 16-byte load, and a stride of kD + 4 puts the 8 lanes of each
-  // quarter-warp phase on 8 different 16-byte bank groups; rows stay 16-byte
-  // aligned for cp.async.
-  static constexpr int kKStride = kD + 4;
-  static constexpr int kQ = 0;                              // Qs [kRows][kD]
-  static constexpr int kK = kQ + kRows * kD;                // Ks [kStages][kBc][kKStride]
-  static constexpr int kV = kK + kStages * kBc * kKStride;  // Vs [kStages][kBc][kD]
-  static constexpr int kP = kV + kStages * kBc * kD;        // Ps [kRows][kBc]
-  static constexpr int kAlpha = kP + kRows * kBc;       // alpha [kRows]: this tile's rescale
-  static constexpr int kM = kAlpha + kRows;             // m [kRows], published at the end
-  static constexpr int kL = kM + kRows;                 // l [kRows], published at the end
-  static constexpr int kFloats = kL + kRows;
-  static constexpr std::size_t kBytes = sizeof(float) * kFloats;
+  static constexpr int kChunk = 16 / sizeof(Elem);  // elements of one 16-byte cp.async
+  // K rows padded by one chunk: in the score loop lane j reads K[j][c .. c+3]
+  // as one access, and the padding moves each lane's row to other banks (in
+  // fp32 the 8 lanes of each quarter-warp phase of a 16-byte access hit 8
+  // different bank groups; in 16 bits two lanes of a half-warp share one);
+  // rows stay 16-byte aligned for cp.async.
+  static constexpr int kKStride = kD + kChunk;
+  static constexpr std::size_t kQ = 0;                                      // float Qs [kRows][kD]
+  static constexpr std::size_t kK = kQ + sizeof(float) * kRows * kD;        // Elem Ks [kStages][kBc][kKStride]
+  static constexpr std::size_t kV = kK + sizeof(Elem) * kStages * kBc * kKStride;  // Elem Vs [kStages][kBc][kD]
+  static constexpr std::size_t kP = kV + sizeof(Elem) * kStages * kBc * kD;  // float Ps [kRows][kBc]
+  static constexpr std::size_t kAlpha = kP + sizeof(float) * kRows * kBc;   // float [kRows]: this tile's rescale
+  static constexpr std::size_t kM = kAlpha + sizeof(float) * kRows;         // float [kRows], published at the end
+  static constexpr std::size_t kL = kM + sizeof(float) * kRows;             // float [kRows], published at the end
+  static constexpr std::size_t kBytes = kL + sizeof(float) * kRows;
 };
 
 // Rows a warp owns in the softmax.
@@ -105,22 +112,22 @@ constexpr int kRowsPerWarp = kRows / kWarps;
 // per SM. At d = 256 the 32 accumulators a thread holds need more: one block.
 constexpr int min_blocks_per_sm(int kD) { return kD <= 128 ? 2 : 1; }
 
-// Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 into
-// buffer `buf`: 16-byte cp.async chunks with p.vec, else element by element
-// through registers. Keys past k_hi and columns past d are zero: a zero V row
+// Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 into the
+// buffers Ks [kBc][kKStride] and Vs [kBc][kD]: 16-byte cp.async chunks with
+// p.vec, else element by element through registers. Keys past k_hi and columns past d are zero: a zero V row
 // times a zero P~ adds nothing (stale data there could be NaN).
-template <int kD>
-__device__ void load_kv_tile(const Params& p, const float* K, const float* V, int kt, int k_hi,
-                             float* Ks, float* Vs) {
-  using S = Smem<kD>;
-  const float* Kt = K + static_cast<std::int64_t>(kt) * p.d;  // [keys, d]: contiguous
-  const float* Vt = V + static_cast<std::int64_t>(kt) * p.d;
+template <int kD, typename Elem>
+__device__ void load_kv_tile(const Params<Elem>& p, const Elem* K, const Elem* V, int kt, int k_hi,
+                             Elem* Ks, Elem* Vs) {
+  using S = Smem<kD, Elem>;
+  const Elem* Kt = K + static_cast<std::int64_t>(kt) * p.d;  // [keys, d]: contiguous
+  const Elem* Vt = V + static_cast<std::int64_t>(kt) * p.d;
   const int keys = min(kBc, k_hi - kt);
   if (p.vec) {
-    constexpr int kChunks = kD / 4;  // 16-byte chunks a row
+    constexpr int kChunks = kD / S::kChunk;  // 16-byte chunks a row
     for (int e = threadIdx.x; e < kBc * kChunks; e += kThreads) {
-      const int j = e / kChunks, c = (e % kChunks) * 4;
-      const bool in = j < keys && c < p.d;  // d % 4 == 0: a chunk is wholly in or out
+      const int j = e / kChunks, c = (e % kChunks) * S::kChunk;
+      const bool in = j < keys && c < p.d;  // d a multiple of kChunk: a chunk is wholly in or out
       sm80::cp_async_16(Ks + j * S::kKStride + c, in ? Kt + j * p.d + c : Kt, in);
       sm80::cp_async_16(Vs + j * kD + c, in ? Vt + j * p.d + c : Vt, in);
     }
@@ -128,26 +135,27 @@ __device__ void load_kv_tile(const Params& p, const float* K, const float* V, in
     for (int e = threadIdx.x; e < kBc * kD; e += kThreads) {
       const int j = e / kD, c = e % kD;
       const bool in = j < keys && c < p.d;
-      Ks[j * S::kKStride + c] = in ? Kt[j * p.d + c] : 0.0f;
-      Vs[j * kD + c] = in ? Vt[j * p.d + c] : 0.0f;
+      Ks[j * S::kKStride + c] = in ? Kt[j * p.d + c] : from_float<Elem>(0.0f);
+      Vs[j * kD + c] = in ? Vt[j * p.d + c] : from_float<Elem>(0.0f);
     }
   }
 }
 
-template <int kD>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(const Params p) {
-  using S = Smem<kD>;
+template <int kD, typename Elem>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
+    split_kernel(const Params<Elem> p) {
+  using S = Smem<kD, Elem>;
   constexpr int kOwn = kRows * kD / kThreads;  // O~ elements per thread
   constexpr int kStages = S::kStages;
   extern __shared__ float4 smem_vec[];  // float4: 16-byte alignment for cp.async and float4 reads
-  float* smem = reinterpret_cast<float*>(smem_vec);
-  float* Qs = smem + S::kQ;
-  float* Ks = smem + S::kK;
-  float* Vs = smem + S::kV;
-  float* Ps = smem + S::kP;
-  float* alpha_s = smem + S::kAlpha;
-  float* m_s = smem + S::kM;
-  float* l_s = smem + S::kL;
+  char* smem = reinterpret_cast<char*>(smem_vec);
+  float* Qs = reinterpret_cast<float*>(smem + S::kQ);
+  Elem* Ks = reinterpret_cast<Elem*>(smem + S::kK);
+  Elem* Vs = reinterpret_cast<Elem*>(smem + S::kV);
+  float* Ps = reinterpret_cast<float*>(smem + S::kP);
+  float* alpha_s = reinterpret_cast<float*>(smem + S::kAlpha);
+  float* m_s = reinterpret_cast<float*>(smem + S::kM);
+  float* l_s = reinterpret_cast<float*>(smem + S::kL);
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
@@ -158,8 +166,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
     // The sequence's keys: its cache length (clamped to the cache, so no read
     // leaves it), or all Nk.
     const int nk = p.seqlens ? min(max(p.seqlens[b], 0), p.Nk) : p.Nk;
-    const float* K = p.K + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
-    const float* V = p.V + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
+    const Elem* K = p.K + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
+    const Elem* V = p.V + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
     for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
       const std::int64_t tile = u / p.splits;
       const std::int64_t s = u % p.splits;
@@ -175,8 +183,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
       // of the tile, zero past `rows` and past d, are loaded beside them.
       for (int t = 0; t < kStages - 1; ++t) {
         if (t < tiles) {
-          load_kv_tile<kD>(p, K, V, k_lo + t * kBc, k_hi, Ks + t * kBc * S::kKStride,
-                           Vs + t * kBc * kD);
+          load_kv_tile<kD, Elem>(p, K, V, k_lo + t * kBc, k_hi, Ks + t * kBc * S::kKStride,
+                                 Vs + t * kBc * kD);
         }
         sm80::cp_async_commit();
       }
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
         if (r < rows && c < p.d) {
           const std::int64_t rr = r0 + r;
           const std::int64_t bh = query_head(kvh, rr / p.Nq, p.H, p.H_kv);
-          q = p.Q[(bh * p.Nq + rr % p.Nq) * p.d + c];
+          q = to_float(p.Q[(bh * p.Nq + rr % p.Nq) * p.d + c]);
         }
         Qs[e] = q;
       }
@@ -215,15 +223,15 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
         const int ahead = t + kStages - 1;
         if (ahead < tiles) {
           const int buf = ahead % kStages;
-          load_kv_tile<kD>(p, K, V, k_lo + ahead * kBc, k_hi, Ks + buf * kBc * S::kKStride,
-                           Vs + buf * kBc * kD);
+          load_kv_tile<kD, Elem>(p, K, V, k_lo + ahead * kBc, k_hi, Ks + buf * kBc * S::kKStride,
+                                 Vs + buf * kBc * kD);
         }
         sm80::cp_async_commit();
         sm80::cp_async_wait<kStages - 1>();
         __syncthreads();
         const int kt = k_lo + t * kBc;
-        const float* Kb = Ks + (t % kStages) * kBc * S::kKStride;  // [kBc][kKStride]
-        const float* Vb = Vs + (t % kStages) * kBc * kD;           // [kBc][kD]
+        const Elem* Kb = Ks + (t % kStages) * kBc * S::kKStride;  // [kBc][kKStride]
+        const Elem* Vb = Vs + (t % kStages) * kBc * kD;           // [kBc][kD]
         // S = scale Q K^T for the warp's rows, lane = key; the online softmax.
         // (The arrays stay in registers only if every index is a constant:
         // the loops over k are unrolled, rows past `rows` skipped, not left.)
@@ -234,11 +242,11 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
           float score = -INFINITY;  // a key the row may not see
           if (kt + lane < end_row[k]) {
             const float4* q4 = reinterpret_cast<const float4*>(Qs + r * kD);
-            const float4* k4 = reinterpret_cast<const float4*>(Kb + lane * S::kKStride);
+            const Elem* k_row = Kb + lane * S::kKStride;
             float dot = 0.0f;
 #pragma unroll 4
             for (int c = 0; c < kD / 4; ++c) {
-              const float4 a = q4[c], b4 = k4[c];
+              const float4 a = q4[c], b4 = load_vec4(k_row + 4 * c);  // widened to fp32
               dot += a.x * b4.x;
               dot += a.y * b4.y;
               dot += a.z * b4.z;
@@ -265,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
           if (r >= rows) continue;
           float o = acc[k] * alpha_s[r];
 #pragma unroll 8
-          for (int j = 0; j < kBc; ++j) o += Ps[r * kBc + j] * Vb[j * kD + c];
+          for (int j = 0; j < kBc; ++j) o += Ps[r * kBc + j] * to_float(Vb[j * kD + c]);
           acc[k] = o;
         }
         __syncthreads();  // Ps, alpha and this tile's buffer are free again
@@ -291,8 +299,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
         const std::int64_t rr = r0 + r;
         const std::int64_t row = query_head(kvh, rr / p.Nq, p.H, p.H_kv) * p.Nq + rr % p.Nq;
         const float o = l_s[r] == 0.0f ? 0.0f : acc[k] / l_s[r];
-        if (p.splits == 1) p.O[row * p.d + c] = o;
-        else p.O_part[((s * p.heads * p.Nq) + row) * p.d + c] = o;
+        if (p.splits == 1) p.O[row * p.d + c] = from_float<Elem>(o);
+        else p.O_part[((s * p.heads * p.Nq) + row) * p.d + c] = o;  // partials stay fp32
       }
       if (tid < rows) {
         const std::int64_t rr = r0 + tid;
@@ -306,8 +314,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD)) split_kernel(
 }
 
 // One warp per row of O: L = logsumexp of the partials' L_s, then
-// O = sum_s exp(L_s - L) O_s.
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params p) {
+// O = sum_s exp(L_s - L) O_s, rounded to Elem once.
+template <typename Elem>
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem> p) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const std::int64_t rows = p.heads * p.Nq;
@@ -320,7 +329,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params p) {
       for (std::int64_t s = 0; s < p.splits; ++s) {
         o += partial_weight(p.L_part[s * rows + row], L) * p.O_part[(s * rows + row) * p.d + c];
       }
-      p.O[row * p.d + c] = o;
+      p.O[row * p.d + c] = from_float<Elem>(o);
     }
     if (lane == 0) p.L[row] = L;
   }
@@ -334,26 +343,22 @@ int device_sm_count() {
   return sms;
 }
 
-template <int kD>
-void launch_split(const Params& prm, Stream stream) {
+template <int kD, typename Elem>
+void launch_split(const Params<Elem>& prm, Stream stream) {
   const dim3 grid(static_cast<unsigned>(std::min(prm.row_tiles * prm.splits, kMaxGridX)),
                   static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
-  launch_with_smem(split_kernel<kD>, grid, kThreads, Smem<kD>::kBytes, stream,
+  launch_with_smem(split_kernel<kD, Elem>, grid, kThreads, Smem<kD, Elem>::kBytes, stream,
                    "stage 09 split_kernel", prm);
 }
 
-void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens, Stream stream,
-         bool split) {
-  validate(p);
-  if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 09: null tensor pointer");
-  if (p.dtype != DType::kFp32) throw Error("stage 09 runs in fp32 only");
-  const Plan plan = make_plan(p, device_sm_count(), split);
-  if (plan.splits > 1 && !t.workspace) throw Error("stage 09: null workspace with several splits");
-  Params prm{};
-  prm.Q = static_cast<const float*>(t.Q);
-  prm.K = static_cast<const float*>(t.K);
-  prm.V = static_cast<const float*>(t.V);
-  prm.O = static_cast<float*>(t.O);
+template <typename Elem>
+void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
+            const std::int32_t* seqlens, Stream stream) {
+  Params<Elem> prm{};
+  prm.Q = static_cast<const Elem*>(t.Q);
+  prm.K = static_cast<const Elem*>(t.K);
+  prm.V = static_cast<const Elem*>(t.V);
+  prm.O = static_cast<Elem*>(t.O);
   prm.L = t.L;
   prm.O_part = static_cast<float*>(t.workspace);
   prm.L_part = plan.splits > 1 ? prm.O_part + plan.splits * p.q_elems() : nullptr;
@@ -379,10 +384,21 @@ void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens,
   }
   if (plan.splits > 1) {
     const std::int64_t blocks = (p.heads() * p.Nq - 1) / kMergeRows + 1;
-    merge_kernel<<<static_cast<unsigned>(std::min(blocks, kMaxGridX)), kMergeThreads, 0, stream>>>(
-        prm);
+    merge_kernel<Elem><<<static_cast<unsigned>(std::min(blocks, kMaxGridX)), kMergeThreads, 0,
+                         stream>>>(prm);
     check_launch("stage 09 merge_kernel");
   }
+}
+
+void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens, Stream stream,
+         bool split) {
+  validate(p);
+  if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 09: null tensor pointer");
+  const Plan plan = make_plan(p, device_sm_count(), split);
+  if (plan.splits > 1 && !t.workspace) throw Error("stage 09: null workspace with several splits");
+  with_element_type(p.dtype, [&](auto elem) {
+    launch<decltype(elem)>(p, t, plan, seqlens, stream);
+  });
 }
 
 }  // namespace

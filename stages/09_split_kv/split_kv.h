@@ -50,8 +50,10 @@ Cost model(const Problem& p);
 /// The same for the one-block contrast.
 Cost model_one_block(const Problem& p);
 
-/// The kernels' loops on the host, planned for kModelSmCount SMs, counting
-/// what they move: split_kv_mirror.cpp.
+/// The kernels' loops on the host, planned for kModelSmCount SMs, in p.dtype
+/// as the kernels run it (inputs holding that type's values, O rounded to it,
+/// every sum and the partials fp32), counting what they move:
+/// split_kv_mirror.cpp.
 Cost mirror(const Problem& p, const HostTensors& t);
 /// The one-block contrast on the host.
 Cost mirror_one_block(const Problem& p, const HostTensors& t);

@@ -1,6 +1,8 @@
 // Stage 09 on the host: the split kernel's loops over (K/V head, row tile,
-// split) and K/V tiles, and the merge, in fp32 as the kernels compute,
-// counting the global-memory elements they move and the FLOPs of S and P V.
+// split) and K/V tiles, and the merge, in fp32 as the kernels compute (the
+// inputs already hold p.dtype's values; O is rounded to it where the kernels
+// store it, the partials stay fp32), counting the global-memory elements they
+// move and the FLOPs of S and P V.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/partial_merge.h"
+#include "common/rounding.h"
 #include "split_kv.h"
 
 namespace flashstep::split_kv {
@@ -19,7 +22,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, const Plan& plan) {
   validate(p);
-  if (p.dtype != DType::kFp32) throw Error("stage 09's mirror runs in fp32 only");
   const std::int64_t d = p.d;
   const std::int64_t heads = p.heads();
   const std::int64_t rows_total = heads * p.Nq;
@@ -96,7 +98,10 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
         for (std::int64_t r = 0; r < rows; ++r) {
           float* O = merge ? O_part.data() + (s * rows_total + row_of[r]) * d : t.O + row_of[r] * d;
           float& L = merge ? L_part[s * rows_total + row_of[r]] : t.L[row_of[r]];
-          for (std::int64_t e = 0; e < d; ++e) O[e] = l[r] == 0.0f ? 0.0f : acc[r * d + e] / l[r];
+          for (std::int64_t e = 0; e < d; ++e) {
+            const float o = l[r] == 0.0f ? 0.0f : acc[r * d + e] / l[r];
+            O[e] = merge ? o : round_to_dtype(p.dtype, o);  // partials stay fp32
+          }
           L = l[r] == 0.0f ? -INFINITY : (m[r] + std::log2(l[r])) * kLn2;
         }
         c.hbm_write_bytes += merge ? rows * (d + 1) * F : rows * (d * E + F);  // O_s, L_s or O, L
@@ -113,7 +118,7 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
           o += partial_weight(L_part[s * rows_total + row], L) *
                O_part[(s * rows_total + row) * d + e];
         }
-        t.O[row * d + e] = o;
+        t.O[row * d + e] = round_to_dtype(p.dtype, o);
       }
       t.L[row] = L;
     }

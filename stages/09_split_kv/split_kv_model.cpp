@@ -80,6 +80,7 @@ std::vector<Stage> stages_09_split_kv() {
   s.model = split_kv::model;
   s.mirror = split_kv::mirror;
   s.grouped_heads = true;  // a group's query heads are rows of one block
+  s.dtypes = {DType::kFp32, DType::kBf16, DType::kFp16};
   Stage one = s;
   one.name = "09_one_block";
   one.title = "decoding without splits: one block per (batch, K/V head)";

@@ -2,14 +2,14 @@
 """Times decoding (few queries, many cached keys) on stage 09 and PyTorch SDPA, in one GPU run.
 
 Problems: H = 32 query heads with H_kv = 32, 8 and 1 K/V heads (MHA, GQA,
-MQA), d = 128, Nq = 1 and 4, Nk from 1k to 512k, B in {1, 8, 64}, fp32,
-non-causal (a decoding query sees every cached key; the bottom-right causal
+MQA), d = 128, Nq = 1 and 4, Nk from 1k to 512k, B in {1, 8, 64}, fp32 and
+bf16 (stage 09 in each; --dtype), non-causal (a decoding query sees every cached key; the bottom-right causal
 mask differs only on the last Nq - 1 keys and is covered by the tests).
 Points whose K and V would pass --max-kv-gb are left out (B = 64 at 512k keys
 is terabytes). Rows:
 
-  09_split_kv, 09_one_block  one `flashstep --stage 09 --format csv` call per
-                             problem: checked against fp64 where that is
+  09_split_kv, 09_one_block  one `flashstep --stage 09 --dtype T --format csv`
+                             call per problem and type: checked against fp64 where that is
                              affordable, timed with CUDA events, L2 flushed
   sdpa_<backend>_<dtype>     F.scaled_dot_product_attention(q, k, v,
                              enable_gqa=True) under each SDPA backend that
@@ -49,6 +49,7 @@ NQ = [1, 4]
 WARMUP, ITERS = 2, 10
 CHECK_MACS = 2e9       # fp64-check a point only while B*H*Nq*Nk*d stays under this
 FLOAT_BYTES = 4
+ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # stage column: (SDPBackend member, torch dtype name).
 PEERS = {
     "sdpa_efficient_fp32": ("EFFICIENT_ATTENTION", "float32"),
@@ -105,11 +106,11 @@ def bandwidth_cells(nbytes, median_ms, copy_gbs):
     return {"GB/s": f"{gbs:.1f}", "of copy": f"{gbs / copy_gbs:.3f}" if copy_gbs else ""}
 
 
-def run_stage09(exe, b, h_kv, nq, nk, copy_gbs):
-    """Rows of 09_split_kv and 09_one_block on one problem, and whether all ran ok."""
-    cmd = [exe, "--stage", "09", "--B", str(b), "--H", str(H), "--H-kv", str(h_kv),
-           "--Nq", str(nq), "--Nk", str(nk), "--d", str(D), "--format", "csv",
-           "--warmup", str(WARMUP), "--iters", str(ITERS)]
+def run_stage09(exe, dtype, b, h_kv, nq, nk, copy_gbs):
+    """Rows of 09_split_kv and 09_one_block in `dtype` on one problem, and whether all ran ok."""
+    cmd = [exe, "--stage", "09", "--dtype", dtype, "--B", str(b), "--H", str(H),
+           "--H-kv", str(h_kv), "--Nq", str(nq), "--Nk", str(nk), "--d", str(D),
+           "--format", "csv", "--warmup", str(WARMUP), "--iters", str(ITERS)]
     if b * H * nq * nk * D > CHECK_MACS:
         cmd.append("--no-check")
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -121,7 +122,7 @@ def run_stage09(exe, b, h_kv, nq, nk, copy_gbs):
             sys.stderr.write(proc.stderr)
             sys.exit("decode: flashstep ran nothing on a GPU")
         model = int(r["HBM read"]) + int(r["HBM write"])
-        ideal = ideal_bytes(b, h_kv, nq, nk, FLOAT_BYTES, True)
+        ideal = ideal_bytes(b, h_kv, nq, nk, ELEM_BYTES[dtype], True)
         row = {"stage": r["stage"], "dtype": r["dtype"], "check": r["check"],
                "median ms": r["median ms"], "p20 ms": r["p20 ms"], "p80 ms": r["p80 ms"],
                "ideal bytes": ideal, "model bytes": model, "note": ""}
@@ -184,6 +185,8 @@ def main():
     ap.add_argument("--B", type=int, nargs="+", default=BATCH)
     ap.add_argument("--H-kv", dest="H_kv", type=int, nargs="+", default=H_KV)
     ap.add_argument("--Nq", type=int, nargs="+", default=NQ)
+    ap.add_argument("--dtype", nargs="+", choices=sorted(ELEM_BYTES), default=["fp32", "bf16"],
+                    help="stage 09's element types (default fp32 bf16)")
     ap.add_argument("--max-kv-gb", type=float, default=4.0,
                     help="leave out points whose fp32 K and V pass this many GB (default 4: "
                          "80 points, 13 G floats drawn on the host)")
@@ -219,8 +222,11 @@ def main():
     for k, (b, h_kv, nq, nk) in enumerate(points, 1):
         t0 = time.time()
         point = {"B": b, "H": H, "H_kv": h_kv, "Nq": nq, "Nk": nk, "d": D, "causal": 0}
-        got, ok = run_stage09(args.flashstep, b, h_kv, nq, nk, copy_gbs)
-        failures += 0 if ok and got else 1
+        got = []
+        for dtype in args.dtype:
+            mine, ok = run_stage09(args.flashstep, dtype, b, h_kv, nq, nk, copy_gbs)
+            failures += 0 if ok and mine else 1
+            got += mine
         if torch is not None:
             got += peer_rows(torch, b, h_kv, nq, nk, copy_gbs, flush)
         for r in got:

@@ -59,8 +59,8 @@
 #   bash tests/bench/run_all.sh /tmp/d build traffic                       # ~5-8 min
 #   bash tests/bench/run_all.sh /tmp/e build backward                      # see its log
 #   bash tests/bench/run_all.sh /tmp/f build causal splitq                 # ~6 min
-#   DECODE_ARGS="--Nq 1" bash tests/bench/run_all.sh /tmp/g build decode   # not yet timed
-#   DECODE_ARGS="--Nq 4" bash tests/bench/run_all.sh /tmp/h build decode   # (appends)
+#   DECODE_ARGS="--Nq 1 --dtype fp32" bash tests/bench/run_all.sh /tmp/g build decode  # not yet
+#   (then --Nq 1 --dtype bf16, --Nq 4 --dtype fp32, --Nq 4 --dtype bf16: each adds its rows)  # timed
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
@@ -73,7 +73,7 @@
 # CAUSAL_ARGS (flags for flashstep_causal, e.g. "--d 64 --N 4096"),
 # ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64"),
 # RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast"),
-# DECODE_ARGS (flags for decode.py, e.g. "--Nq 1": the decode sweep in two calls, --Nq 1 then 4).
+# DECODE_ARGS (flags for decode.py, e.g. "--Nq 1 --dtype fp32": the decode sweep in several calls).
 set -uo pipefail
 all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal splitq ablation
            decode ring tables plots)
