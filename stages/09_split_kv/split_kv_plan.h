@@ -42,10 +42,10 @@ inline constexpr int kMergeRows = 4;
 /// Threads of the merge kernel.
 inline constexpr int kMergeThreads = kMergeRows * 32;
 
-/// The split rule's constants (split_count below).
-/// Blocks to aim for per SM: a block is one load-then-compute pipeline with
-/// no overlap of its own, so several per SM hide each other's latency (its
-/// shared memory, 2 K/V tiles and the Q tile, is about 50 KiB at d = 128).
+/// Blocks to aim for per SM (the split rule, make_plan below): more than fit
+/// at once (two at d = 128 in fp32: 128 registers a thread, 87 KiB of shared
+/// memory a block), so that blocks that finish early are replaced and the
+/// last wave is short. A starting point for the decode sweep to tune.
 inline constexpr std::int64_t kBlocksPerSm = 4;
 /// At least this many keys per split, so that the partials (d + 1 floats per
 /// row and split, written and read back by the merge) stay small beside the
@@ -60,8 +60,9 @@ inline constexpr int kModelSmCount = 132;
 /// An SM count above any GPU's, for sizing the workspace without a GPU: the
 /// split count only grows with the SM count, so this bounds every run's.
 inline constexpr int kMaxSmCount = 1024;
-/// Largest grid x and y (CUDA's limits); beyond them blocks walk the rest.
+/// Largest grid x (CUDA's limit); beyond it blocks walk the rest.
 inline constexpr std::int64_t kMaxGridX = 2147483647;
+/// Largest grid y (CUDA's limit); beyond it blocks walk the rest.
 inline constexpr std::int64_t kMaxGridY = 65535;
 
 /// How one problem is cut into work.
