@@ -241,8 +241,9 @@ TEST_CASE("grouped heads: the CLI's --H-kv, and --load taking H_kv from K's shap
   const auto contradict = run_cli({"model", "--load", dir.string(), "--H-kv", "1"});
   CHECK(contradict.code == 2);
   CHECK(contradict.err.find("--H-kv 1 contradicts the loaded files' 2") != std::string::npos);
-  flashstep::write_npy((dir / "K.npy").string(), {2, 3, 7, 4}, kv.data());  // 4 % 3 != 0
-  flashstep::write_npy((dir / "V.npy").string(), {2, 3, 7, 4}, kv.data());
+  const std::vector<float> kv3(2 * 3 * 7 * 4, 0.25f);  // 3 K/V heads: 4 % 3 != 0
+  flashstep::write_npy((dir / "K.npy").string(), {2, 3, 7, 4}, kv3.data());
+  flashstep::write_npy((dir / "V.npy").string(), {2, 3, 7, 4}, kv3.data());
   const auto bad = run_cli({"model", "--load", dir.string()});
   CHECK(bad.code == 2);
   CHECK(bad.err.find("H is not a multiple of H_kv") != std::string::npos);
