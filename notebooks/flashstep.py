@@ -6,7 +6,9 @@
     flashstep.stages()        # ['01_naive', ..., '05_sequence_parallel']
     o, lse = flashstep.forward(q, k, v, stage="04_fa2_q_outer", causal=True)
 
-q [B,H,Nq,d], k and v [B,H,Nk,d]: contiguous, on one CUDA device, all float32,
+q [B,H,Nq,d], k and v [B,H_kv,Nk,d] (H_kv = H, or for grouped-query attention
+a divisor of H, query head h reading k/v head h // (H // H_kv), on the stages
+where grouped_heads(stage) is True): contiguous, on one CUDA device, all float32,
 all float16 or all bfloat16, in a type the stage runs in (dtypes(stage):
 every stage runs in float32; 02_safe_softmax and 03_fa1_kv_outer also in
 float16 and bfloat16). o is [B,H,Nq,d] in q's dtype; lse (the logsumexp L) is
@@ -119,6 +121,12 @@ def _load():
             ctypes.c_char_p, ctypes.c_int, i64, i64, i64, i64, i64, ctypes.c_int,
             ctypes.c_double, ptr, ptr, ptr, ptr, ptr, ptr]
         lib.flashstep_forward_typed.restype = ctypes.c_int
+        lib.flashstep_forward_v2.argtypes = [
+            ctypes.c_char_p, ctypes.c_int, i64, i64, i64, i64, i64, i64, ctypes.c_int,
+            ctypes.c_double, ptr, ptr, ptr, ptr, ptr, ptr]
+        lib.flashstep_forward_v2.restype = ctypes.c_int
+        lib.flashstep_stage_grouped_heads.argtypes = [ctypes.c_char_p]
+        lib.flashstep_stage_grouped_heads.restype = ctypes.c_int
         lib.flashstep_backward.argtypes = [
             ctypes.c_char_p, i64, i64, i64, i64, i64, ctypes.c_int, ctypes.c_double,
             ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
@@ -157,6 +165,15 @@ def writes_lse(stage):
     if w < 0:
         raise FlashstepError(ESTAGE, last_error())
     return bool(w)
+
+
+def grouped_heads(stage):
+    """Whether the stage's forward runs grouped-query problems (k, v with fewer
+    heads than q); FlashstepError for an unknown stage."""
+    g = _load().flashstep_stage_grouped_heads(_stage_bytes(stage))
+    if g < 0:
+        raise FlashstepError(ESTAGE, last_error())
+    return bool(g)
 
 
 def has_backward(stage):
@@ -250,9 +267,9 @@ def _check_inputs(torch, q, k, v):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
         raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
-        raise ValueError(f"q [B,H,Nq,d] {tuple(q.shape)} and k [B,H,Nk,d] {tuple(k.shape)} "
-                         "disagree on B, H or d")
+    if (q.shape[0], q.shape[3]) != (k.shape[0], k.shape[3]) or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"q [B,H,Nq,d] {tuple(q.shape)} and k [B,H_kv,Nk,d] {tuple(k.shape)} "
+                         "disagree on B or d, or H is not a multiple of H_kv")
 
 
 def _check_like(torch, name, t, shape, device, what, dtype):
@@ -309,14 +326,14 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
     code = DTYPE_CODES[_dtype_name(q.dtype)]
     lib = _load()
     B, H, Nq, d = q.shape
-    Nk = k.shape[2]
+    H_kv, Nk = k.shape[1], k.shape[2]
     with torch.cuda.device(q.device):
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device) if lse_written else None
         stream = torch.cuda.current_stream(q.device).cuda_stream
 
-        _call(torch, lambda: lib.flashstep_forward_typed(
-            _stage_bytes(stage), code, B, H, Nq, Nk, d, causal_arg, scale_arg,
+        _call(torch, lambda: lib.flashstep_forward_v2(
+            _stage_bytes(stage), code, B, H, H_kv, Nq, Nk, d, causal_arg, scale_arg,
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
             lse.data_ptr() if lse is not None else None, stream))
     return o, lse
@@ -337,6 +354,9 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
 
     _require_backward(stage)
     _check_inputs(torch, q, k, v)
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"no backward runs grouped-query attention yet: k has {k.shape[1]} "
+                         f"heads, q {q.shape[1]}")
     if lse is None:
         raise ValueError("lse is None: the backward reads the forward's logsumexp L "
                          "[B,H,Nq], which forward() returns for the stages that have a backward")
@@ -468,7 +488,9 @@ def _reference(torch, q, k, v, causal, scale):
     built here; rows that see no key are O = 0 (SDPA gives NaN), L = -inf."""
     import torch.nn.functional as F
 
-    q64, k64, v64 = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]  # grouped-query: each k/v head serves `group` q heads
+    q64 = q.double()
+    k64, v64 = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
     Nq, Nk, d = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     mask = None

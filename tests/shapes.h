@@ -48,4 +48,29 @@ inline std::vector<Problem> ragged_problems() {
   return out;
 }
 
+/// (B, H, H_kv, Nq, Nk, d): grouped-query problems, H / H_kv in {1, 4, 8, 32}
+/// (32 with H_kv = 1: multi-query), on ragged sizes; Nq > Nk causal leaves
+/// rows that see no key.
+struct GroupedShape {
+  std::int64_t B, H, H_kv, Nq, Nk, d;
+};
+
+inline const std::vector<GroupedShape> kGroupedShapes = {
+    {2, 4, 4, 113, 203, 40}, {1, 8, 2, 1, 239, 64},  {2, 8, 1, 128, 217, 59},
+    {1, 32, 1, 3, 257, 128}, {2, 4, 1, 239, 1, 16},  {1, 16, 2, 16, 100, 96},
+};
+
+/// The grouped problems, each non-causal and causal.
+inline std::vector<Problem> grouped_problems() {
+  std::vector<Problem> out;
+  for (const GroupedShape& s : kGroupedShapes) {
+    for (bool causal : {false, true}) {
+      Problem p = make_problem(s.B, s.H, s.Nq, s.Nk, s.d, causal);
+      p.H_kv = s.H_kv;
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
 }  // namespace flashstep::test

@@ -407,18 +407,21 @@ TEST_CASE("cli: --dtype picks the element type, stages without it are skipped wi
   CHECK_THROWS_WITH_AS(parse_args({"--dtype", "fp64"}),
                        "--dtype must be fp32, fp16 or bf16, got 'fp64'", Error);
 
-  // Stages 02, 03, 07_tensor_core and 08_hopper run in fp16 (07's and 08's
+  // Stages 02, 03, 07_tensor_core, 08_hopper and both entries of 09 run in
+  // fp16 (07's and 08's
   // ablation steps in bf16 only); the rest are named once on stderr.
   const Result r = run_cli({"model", "--dtype", "fp16", "--N", "256", "--format", "csv"});
   REQUIRE(r.code == 0);
   CHECK(count_lines(r.err) == 1);
   CHECK(r.err.find("--dtype fp16: skipping 01_naive, 04_fa2_q_outer") != std::string::npos);
   CHECK(r.err.find("07_step1_plain_mma") != std::string::npos);
-  CHECK(count_lines(r.out) == 5);
+  CHECK(count_lines(r.out) == 7);
   CHECK(r.out.find("08_hopper,fp16,") != std::string::npos);
   CHECK(r.out.find("02_safe_softmax,fp16,") != std::string::npos);
   CHECK(r.out.find("03_fa1_kv_outer,fp16,") != std::string::npos);
   CHECK(r.out.find("07_tensor_core,fp16,") != std::string::npos);
+  CHECK(r.out.find("09_split_kv,fp16,") != std::string::npos);
+  CHECK(r.out.find("09_one_block,fp16,") != std::string::npos);
 
   // No selected stage runs in the type: one line naming those that do, exit 2.
   const Result none = run_cli({"model", "--dtype", "bf16", "--stage", "04,05"});

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/check.h"
@@ -45,6 +46,19 @@ std::vector<const Stage*> selected() {
   }
   return out;
 }
+
+}  // namespace
+
+/// Whether the stage named `name` is among those --stage selects (for test
+/// cases in other files: test_kvcache_gpu.cpp).
+bool gpu_test_selects(std::string_view name) {
+  for (const Stage* s : selected()) {
+    if (s->name == name) return true;
+  }
+  return false;
+}
+
+namespace {
 
 struct Outputs {
   std::vector<float> O, L;
@@ -101,6 +115,44 @@ TEST_CASE("every stage, in each of its types, matches the reference on the ragge
         }
       }
     }
+  }
+}
+
+TEST_CASE("grouped-query heads (H / H_kv in 1, 4, 8, 32): the stages that run them match the reference") {
+  std::uint64_t seed = 6000;
+  for (const Stage* s : selected()) {
+    if (!s->grouped_heads) continue;
+    for (DType t : s->dtypes) {
+      for (const Problem& grouped : flashstep::test::grouped_problems()) {
+        const Problem p = typed(grouped, t);
+        CAPTURE(s->name);
+        CAPTURE(p.describe());
+        const auto in = flashstep::random_inputs(p, seed++);
+        const Outputs got = run_stage(*s, p, in);
+        check_outputs(*s, p, got, flashstep::forward_truth(p, in));
+        for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+          for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+            const std::int64_t row = bh * p.Nq + i;
+            for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.O[row * p.d + k] == 0.0f);
+            if (s->writes_lse) REQUIRE(got.L[row] == -INFINITY);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("grouped-query heads: a stage without them is refused by the runner, in one line") {
+  Problem p = flashstep::test::make_problem(1, 8, 4, 4, 16, false);
+  p.H_kv = 2;
+  const auto in = flashstep::random_inputs(p, 61);
+  for (const Stage* s : selected()) {
+    if (s->grouped_heads) continue;
+    CAPTURE(s->name);
+    p.dtype = s->dtypes.front();
+    CHECK_THROWS_WITH_AS(DeviceRun(*s, p, in.Q.data(), in.K.data(), in.V.data()),
+                         doctest::Contains("does not run grouped-query attention"),
+                         flashstep::Error);
   }
 }
 

@@ -40,8 +40,8 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     for (std::int64_t r = 0; r < R; ++r) chip.store(Li + r, -kInf);
     return;
   }
-  const float* K = t.K + bh * p.Nk * d;  // [Nk, d] of this head
-  const float* V = t.V + bh * p.Nk * d;  // [Nk, d] of this head
+  const float* K = t.K + p.kv_head(bh) * p.Nk * d;  // [Nk, d] of this head's group
+  const float* V = t.V + p.kv_head(bh) * p.Nk * d;  // [Nk, d] of this head's group
 
   // Line 4.
   Tile Qi, Kj, Vj, P_tilde_ij;

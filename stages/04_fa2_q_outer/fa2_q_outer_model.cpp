@@ -25,6 +25,7 @@ std::vector<Stage> stages_04_fa2_q_outer() {
   s.workspace_bytes = fa2_q_outer::workspace_bytes;
   s.model = fa2_q_outer::model;
   s.mirror = fa2_q_outer::mirror;
+  s.grouped_heads = true;  // K/V of head bh at kv_head_of(bh, H, H_kv): an index
   return {s};
 }
 

@@ -29,6 +29,7 @@ std::vector<Stage> stages_05_sequence_parallel() {
   // No mirror of its own: the algorithm and its counts are stage 04's, which
   // stage 04's mirror checks; only the mapping onto thread blocks differs.
   s.mirror = nullptr;
+  s.grouped_heads = true;  // K/V of head bh at kv_head_of(bh, H, H_kv): an index
   // FlashAttention-2's backward (Algorithm 2) lives here because its
   // parallelism is this stage's idea turned around: one thread block per K/V
   // block of one head (README.md, "Backward").

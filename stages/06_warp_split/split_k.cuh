@@ -109,8 +109,9 @@ __device__ void split_k_block(const Params& p, std::int64_t bh, int i, float* sm
     return;
   }
   const float* Qi = p.Q + q_offset;        // [rows, d]
-  const float* K = p.K + bh * p.Nk * p.d;  // [Nk, d] of this head
-  const float* V = p.V + bh * p.Nk * p.d;  // [Nk, d] of this head
+  const std::int64_t kv = kv_head_of(bh, p.H, p.H_kv);  // the K/V head of bh's group
+  const float* K = p.K + kv * p.Nk * p.d;  // [Nk, d] of this head's group
+  const float* V = p.V + kv * p.Nk * p.d;  // [Nk, d] of this head's group
 
   // Lines 4-5: Qi^T, O~_i = 0, l_i = 0, m_i = -inf, and the first Kj, Vj.
   for (int e = tid; e < T::kBr * kHeadDim; e += T::kThreads) {

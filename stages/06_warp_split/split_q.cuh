@@ -201,8 +201,9 @@ __device__ void split_q_block(const Params& p, std::int64_t bh, int i, float* sm
                                : 0;
   // Tiles 0 .. Tc_w_unmasked - 1 my rows see whole: no mask test there.
   const int Tc_w_unmasked = kv_blocks_unmasked(p, row0 + warp_r0, T::kWarpRows, T::kBc);
-  const float* K = p.K + bh * p.Nk * p.d;  // [Nk, d] of this head
-  const float* V = p.V + bh * p.Nk * p.d;  // [Nk, d] of this head
+  const std::int64_t kv = kv_head_of(bh, p.H, p.H_kv);  // the K/V head of bh's group
+  const float* K = p.K + kv * p.Nk * p.d;  // [Nk, d] of this head's group
+  const float* V = p.V + kv * p.Nk * p.d;  // [Nk, d] of this head's group
 
   // Line 4 (my rows of Qi) and line 7's first Kj, ahead of the loop.
   const float* Qw_src = p.Q + q_offset + static_cast<std::int64_t>(warp_r0) * p.d;  // [my_rows, d]

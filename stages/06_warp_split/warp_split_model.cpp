@@ -155,6 +155,7 @@ std::vector<Stage> stages_06_warp_split() {
   q.workspace_bytes = warp_split::workspace_bytes;
   q.model = warp_split::model_split_q;
   q.mirror = nullptr;
+  q.grouped_heads = true;  // K/V of head bh at kv_head_of(bh, H, H_kv): an index
   Stage k = q;
   k.name = "06_warp_split_k";
   k.title = "FlashAttention-1's split-K: warps own keys";

@@ -46,6 +46,7 @@
 #include <cstdint>
 
 #include "common/mma_sm80.cuh"
+#include "common/problem.h"
 #include "common/reduce.cuh"
 #include "tensor_core_tiles.h"
 
@@ -57,11 +58,12 @@ using sm80::kChunkElems;
 template <typename Elem>
 struct Params {
   const Elem* Q;  // [heads, Nq, d]
-  const Elem* K;  // [heads, Nk, d]
-  const Elem* V;  // [heads, Nk, d]
+  const Elem* K;  // [B * H_kv, Nk, d]
+  const Elem* V;  // [B * H_kv, Nk, d]
   Elem* O;        // [heads, Nq, d]
   float* L;       // [heads, Nq]
   std::int64_t heads;  // B * H
+  std::int64_t H, H_kv;  // query heads and K/V heads per batch: head bh reads kv_head_of(bh, H, H_kv)
   int Nq, Nk, d;
   bool causal;
   float scale_log2;  // |softmax scale| * log2(e), > 0 (launch() says why)
@@ -629,8 +631,9 @@ __device__ inline void attend_q_block(const Params<Elem>& p, std::int64_t bh, in
   const int q_row0 = i * C::kBr;
   const int rows = min(C::kBr, p.Nq - q_row0);
   const Elem* Qh = p.Q + bh * p.Nq * p.d;  // [Nq, d] of this head
-  const Elem* Kh = p.K + bh * p.Nk * p.d;  // [Nk, d]
-  const Elem* Vh = p.V + bh * p.Nk * p.d;  // [Nk, d]
+  const std::int64_t kv = kv_head_of(bh, p.H, p.H_kv);  // the K/V head of bh's group
+  const Elem* Kh = p.K + kv * p.Nk * p.d;  // [Nk, d]
+  const Elem* Vh = p.V + kv * p.Nk * p.d;  // [Nk, d]
 
   // Keys each of this lane's rows sees (bottom-right causal: query r sees
   // keys j <= r + Nk - Nq), and how many K/V blocks the block visits: those

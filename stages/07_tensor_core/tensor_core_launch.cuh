@@ -34,6 +34,8 @@ Params<Elem> make_params(const Problem& p, const ForwardTensors& t) {
   prm.O = static_cast<Elem*>(t.O);
   prm.L = t.L;
   prm.heads = p.heads();
+  prm.H = p.H;
+  prm.H_kv = p.kv_heads();
   prm.Nq = static_cast<int>(p.Nq);
   prm.Nk = static_cast<int>(p.Nk);
   prm.d = static_cast<int>(p.d);

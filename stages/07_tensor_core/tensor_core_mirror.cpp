@@ -220,8 +220,8 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
   const TileShape shape = tile_shape(head_dim_bucket(p.d), kStep);
   const std::int64_t d = p.d;
   const float* Qh = t.Q + bh * p.Nq * d;  // [Nq, d] of this head
-  const float* Kh = t.K + bh * p.Nk * d;  // [Nk, d]
-  const float* Vh = t.V + bh * p.Nk * d;  // [Nk, d]
+  const float* Kh = t.K + p.kv_head(bh) * p.Nk * d;  // [Nk, d] of this head's group
+  const float* Vh = t.V + p.kv_head(bh) * p.Nk * d;  // [Nk, d] of this head's group
   QBlock b(p.dtype);
   b.row0 = i * shape.br;
   b.R = std::min<std::int64_t>(shape.br, p.Nq - b.row0);

@@ -107,6 +107,7 @@ Stage entry(std::string_view name, std::string_view title, std::vector<DType> dt
   s.workspace_bytes = tensor_core::workspace_bytes;
   s.model = tensor_core::model<kStep>;
   s.mirror = tensor_core::mirror<kStep>;
+  s.grouped_heads = true;  // K/V of head bh at kv_head_of(bh, H, H_kv): an index
   s.dtypes = std::move(dtypes);
   s.backward_dtypes = {};  // no backward yet: the "Stage 07 backward" issue
   return s;

@@ -292,6 +292,15 @@ void check_stage_dtype(const Stage& stage, DType t, bool backward) {
   }
 }
 
+// The stage runs p's heads (H_kv < H needs Stage::grouped_heads), or ESTAGE.
+void check_stage_heads(const Stage& stage, const Problem& p) {
+  try {
+    flashstep::require_heads(stage, p);
+  } catch (const flashstep::Error& e) {
+    fail(FLASHSTEP_ESTAGE, e.what());
+  }
+}
+
 // The outputs come after the inputs in `tensors`, from `first_output` on:
 // each must overlap nothing before it. Inputs may share memory (Q == K).
 void check_outputs_apart(const std::vector<Tensor>& tensors, size_t first_output) {
@@ -340,6 +349,7 @@ void forward(const char* stage_name, int dtype, Problem p, const void* Q, const 
   p.dtype = dtype_of(dtype);
   check_stage_dtype(stage, p.dtype, false);
   check_problem(p);
+  check_stage_heads(stage, p);
   const DType E = p.dtype;
   const std::int64_t q_bytes = p.q_elems() * p.elem_bytes();
   const std::int64_t kv_bytes = p.kv_elems() * p.elem_bytes();
@@ -529,6 +539,23 @@ int flashstep_forward_typed(const char* stage, int dtype, int64_t B, int64_t H, 
   return guarded([&] {
     forward(stage, dtype, make_problem(B, H, Nq, Nk, d, causal, scale), Q, K, V, O, L, stream);
   });
+}
+
+int flashstep_forward_v2(const char* stage, int dtype, int64_t B, int64_t H, int64_t H_kv,
+                         int64_t Nq, int64_t Nk, int64_t d, int causal, double scale,
+                         const void* Q, const void* K, const void* V, void* O, float* L,
+                         void* stream) {
+  return guarded([&] {
+    Problem p = make_problem(B, H, Nq, Nk, d, causal, scale);
+    p.H_kv = H_kv;
+    forward(stage, dtype, p, Q, K, V, O, L, stream);
+  });
+}
+
+int flashstep_stage_grouped_heads(const char* stage) {
+  int grouped = -1;
+  guarded([&] { grouped = find_stage(stage).grouped_heads ? 1 : 0; });
+  return grouped;
 }
 
 int flashstep_backward(const char* stage, int64_t B, int64_t H, int64_t Nq, int64_t Nk,

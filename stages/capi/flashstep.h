@@ -153,6 +153,32 @@ FLASHSTEP_API int flashstep_forward_typed(const char* stage, int dtype, int64_t 
                                           double scale, const void* Q, const void* K,
                                           const void* V, void* O, float* L, void* stream);
 
+/** Runs one stage's forward pass on a grouped-query problem: H query heads
+ *  and H_kv K/V heads, query head h reading K/V head h / (H / H_kv)
+ *  (multi-query attention: H_kv = 1), as flashstep_forward_typed does with
+ *  H_kv = H (which this entry point also accepts, on every stage).
+ *
+ *  \param H_kv    K/V heads, >= 1, H a multiple of it; H_kv < H needs a stage
+ *                 that runs grouped heads (flashstep_stage_grouped_heads),
+ *                 FLASHSTEP_ESTAGE otherwise
+ *  \param K,V     [B,H_kv,Nk,d], contiguous, elements of `dtype`
+ *  \param stage,dtype,B,H,Nq,Nk,d,causal,scale,Q,O,L,stream  as for
+ *                 flashstep_forward_typed
+ *
+ *  Checks, in this order, before touching the GPU: the stage name; the dtype
+ *  and that the stage runs in it; the problem (H_kv among its sizes); that
+ *  the stage runs grouped heads when H_kv < H; then flashstep_forward's
+ *  pointer checks. */
+FLASHSTEP_API int flashstep_forward_v2(const char* stage, int dtype, int64_t B, int64_t H,
+                                       int64_t H_kv, int64_t Nq, int64_t Nk, int64_t d,
+                                       int causal, double scale, const void* Q, const void* K,
+                                       const void* V, void* O, float* L, void* stream);
+
+/** 1 when the stage's forward runs grouped-query problems (H_kv < H,
+ *  flashstep_forward_v2), 0 when it needs H_kv = H, -1 (and a message for
+ *  flashstep_last_error()) when no stage has that name. */
+FLASHSTEP_API int flashstep_stage_grouped_heads(const char* stage);
+
 /** Runs one stage's backward pass in fp32 (flashstep_backward_typed with
  *  FLASHSTEP_FP32): the gradients dQ, dK, dV of a loss whose gradient in O is
  *  dO (for the loss sum(O * dO), dO is exactly that), queued on `stream`

@@ -93,6 +93,30 @@ DType run_dtype(const Stage& s, const std::optional<DType>& dtype) {
 // The stages that run in --dtype (all of them without it); an Error naming
 // the stages that do when none of the selected ones does.
 std::vector<const Stage*> typed_stages(const std::vector<const Stage*>& stages,
+                                       const std::optional<DType>& dtype);
+
+// The stages among `stages` that run p's heads: all of them unless p is
+// grouped (H_kv < H), then those with Stage::grouped_heads; an Error if none
+// does, naming the stages that do.
+std::vector<const Stage*> headed_stages(const std::vector<const Stage*>& stages, const Problem& p) {
+  if (!p.grouped()) return stages;
+  std::vector<const Stage*> out;
+  for (const Stage* s : stages) {
+    if (s->grouped_heads) out.push_back(s);
+  }
+  if (out.empty()) {
+    std::string have;
+    for (const Stage& s : all_stages()) {
+      if (s.grouped_heads) have += (have.empty() ? "" : ", ") + std::string(s.name);
+    }
+    throw Error("--H-kv " + std::to_string(p.kv_heads()) + " < H: no selected stage runs " +
+                "grouped-query attention (these do: " + (have.empty() ? std::string("none") : have) +
+                ")");
+  }
+  return out;
+}
+
+std::vector<const Stage*> typed_stages(const std::vector<const Stage*>& stages,
                                        const std::optional<DType>& dtype) {
   if (!dtype) return stages;
   std::vector<const Stage*> out;
@@ -207,8 +231,11 @@ Inputs load_inputs(const std::string& dir, Problem& p, const std::set<std::strin
     }
   }
   if (k.shape != v.shape) throw Error(dir + ": K.npy and V.npy shapes differ");
-  if (q.shape[0] != k.shape[0] || q.shape[1] != k.shape[1] || q.shape[3] != k.shape[3]) {
-    throw Error(dir + ": Q.npy [B, H, Nq, d] and K.npy [B, H, Nk, d] disagree on B, H or d");
+  // K and V have H_kv heads, H_kv = H or (grouped-query attention) a divisor of H.
+  if (q.shape[0] != k.shape[0] || q.shape[3] != k.shape[3] || k.shape[1] < 1 ||
+      q.shape[1] % k.shape[1] != 0) {
+    throw Error(dir + ": Q.npy [B, H, Nq, d] and K.npy [B, H_kv, Nk, d] disagree on B or d, or " +
+                "H is not a multiple of H_kv");
   }
   // Each size flag given beside --load must agree with the files (--N sets
   // both Nq and Nk, so it must agree with both).
@@ -219,7 +246,7 @@ Inputs load_inputs(const std::string& dir, Problem& p, const std::set<std::strin
   const std::vector<Size> sizes = {
       {"--B", p.B, q.shape[0]},   {"--H", p.H, q.shape[1]},   {"--Nq", p.Nq, q.shape[2]},
       {"--Nk", p.Nk, k.shape[2]}, {"--N", p.Nq, q.shape[2]},  {"--N", p.Nk, k.shape[2]},
-      {"--d", p.d, q.shape[3]}};
+      {"--d", p.d, q.shape[3]},   {"--H-kv", p.kv_heads(), k.shape[1]}};
   for (const Size& size : sizes) {
     if (given.count(size.flag) && size.from_flag != size.from_files) {
       throw Error(size.flag + " " + std::to_string(size.from_flag) + " contradicts the loaded " +
@@ -228,6 +255,7 @@ Inputs load_inputs(const std::string& dir, Problem& p, const std::set<std::strin
   }
   p.B = q.shape[0];
   p.H = q.shape[1];
+  p.H_kv = k.shape[1];
   p.Nq = q.shape[2];
   p.Nk = k.shape[2];
   p.d = q.shape[3];
@@ -283,8 +311,8 @@ void save_inputs(const std::string& dir, const Problem& p, const Inputs& in) {
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("--save " + dir + ": cannot create the folder: " + ec.message());
   write_npy(saved_file(dir, "Q"), {p.B, p.H, p.Nq, p.d}, in.Q.data());
-  write_npy(saved_file(dir, "K"), {p.B, p.H, p.Nk, p.d}, in.K.data());
-  write_npy(saved_file(dir, "V"), {p.B, p.H, p.Nk, p.d}, in.V.data());
+  write_npy(saved_file(dir, "K"), {p.B, p.kv_heads(), p.Nk, p.d}, in.K.data());
+  write_npy(saved_file(dir, "V"), {p.B, p.kv_heads(), p.Nk, p.d}, in.V.data());
 }
 
 // One stage's row of the run table.
@@ -321,6 +349,7 @@ std::optional<ReferenceGradients> reference_gradients(const Problem& p, const In
         << " heads pass the reference's budget)...\n";
     Problem one = p;
     one.B = one.H = 1;
+    one.H_kv.reset();
     return reference_backward(one, in.Q.data(), in.K.data(), in.V.data(), dO.data());
   }
   err << "flashstep: gradients left unchecked: one head's fp64 reference backward (Nq x Nk "
@@ -502,6 +531,10 @@ void define(CLI::App& app, Options& o) {
   group = "problem (default B=1 H=8 N=1024 d=64, non-causal, scale 1/sqrt(d))";
   value("--B", "N", "batch", [&p](const std::string& v) { p.B = to_int("--B", v); });
   value("--H", "N", "heads", [&p](const std::string& v) { p.H = to_int("--H", v); });
+  value("--H-kv", "N",
+        "K/V heads (grouped-query attention): H a multiple of it,\n"
+        "query head h reads K/V head h / (H / H_kv); default H",
+        [&p](const std::string& v) { p.H_kv = to_int("--H-kv", v); });
   value("--N", "N", "query and key length (sets --Nq and --Nk)",
         [&p](const std::string& v) { p.Nq = p.Nk = to_int("--N", v); });
   value("--Nq", "N", "query length", [&p](const std::string& v) { p.Nq = to_int("--Nq", v); });
@@ -629,7 +662,10 @@ Options parse_args(const std::vector<std::string>& args) {
   validate(o.problem);
   // An unknown stage, a --dtype no selected stage runs in, and --backward with
   // no backward to run are usage errors, found before any work.
-  const auto stages = typed_stages(selected_stages(o.stages), o.dtype);
+  const auto stages = headed_stages(typed_stages(selected_stages(o.stages), o.dtype), o.problem);
+  if (o.backward && o.problem.grouped()) {
+    throw Error("--backward: no backward runs grouped-query attention (H_kv < H) yet");
+  }
   if (!o.save_dir.empty() && o.mode != Mode::kRun) {
     throw Error("--save keeps a run's inputs and outputs; model and info run nothing to save");
   }
@@ -651,6 +687,9 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kExitOk;
     }
     if (!o.load_dir.empty()) in = load_inputs(o.load_dir, o.problem, o.given);
+    if (o.backward && o.problem.grouped()) {
+      throw Error("--backward: no backward runs grouped-query attention (H_kv < H) yet");
+    }
     if (!o.save_dir.empty()) {
       check_save_dir(o, typed_stages(selected_stages(o.stages), o.dtype));
     }
@@ -660,7 +699,14 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   }
   const Problem& p = o.problem;
   const std::vector<const Stage*> selected = selected_stages(o.stages);
-  const std::vector<const Stage*> stages = typed_stages(selected, o.dtype);
+  const std::vector<const Stage*> of_type = typed_stages(selected, o.dtype);
+  std::vector<const Stage*> stages;
+  try {
+    stages = headed_stages(of_type, p);  // again: --load may have made p grouped
+  } catch (const Error& e) {
+    err << "flashstep: " << e.what() << "\n";
+    return kExitUsage;
+  }
 
   std::string why;
   if (o.mode == Mode::kInfo) {
@@ -671,7 +717,15 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     print(info_report(device_info()), o.format, out);
     return kExitOk;
   }
-  if (stages.size() < selected.size()) {
+  if (stages.size() < of_type.size()) {
+    std::string skipped;
+    for (const Stage* s : of_type) {
+      if (!s->grouped_heads) skipped += (skipped.empty() ? "" : ", ") + std::string(s->name);
+    }
+    err << "flashstep: --H-kv " << p.kv_heads() << " < H: skipping " << skipped
+        << " (no grouped-query kernel)\n";
+  }
+  if (of_type.size() < selected.size()) {
     std::string skipped;
     for (const Stage* s : selected) {
       if (!s->supports(*o.dtype)) skipped += (skipped.empty() ? "" : ", ") + std::string(s->name);
@@ -792,8 +846,8 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         res.backward_status = check_gradients(s, {&dQ, &dK, &dV}, ref_grad, res.grad_error, err);
         if (!o.save_dir.empty()) {
           write_npy(saved_file(o.save_dir, "dQ", &s), {p.B, p.H, p.Nq, p.d}, dQ.data());
-          write_npy(saved_file(o.save_dir, "dK", &s), {p.B, p.H, p.Nk, p.d}, dK.data());
-          write_npy(saved_file(o.save_dir, "dV", &s), {p.B, p.H, p.Nk, p.d}, dV.data());
+          write_npy(saved_file(o.save_dir, "dK", &s), {p.B, p.kv_heads(), p.Nk, p.d}, dK.data());
+          write_npy(saved_file(o.save_dir, "dV", &s), {p.B, p.kv_heads(), p.Nk, p.d}, dV.data());
         }
         if (o.iterations > 0) res.backward_timing = run.time_backward(o.warmup, o.iterations);
       }

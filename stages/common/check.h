@@ -16,8 +16,8 @@ namespace flashstep {
 /// Q, K and V on the host.
 struct Inputs {
   std::vector<float> Q;  ///< [B, H, Nq, d]
-  std::vector<float> K;  ///< [B, H, Nk, d]
-  std::vector<float> V;  ///< [B, H, Nk, d]
+  std::vector<float> K;  ///< [B, H_kv, Nk, d]
+  std::vector<float> V;  ///< [B, H_kv, Nk, d]
 };
 
 /// Mean of the random inputs. Not zero: zero-mean V makes O tiny and relative

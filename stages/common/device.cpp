@@ -148,7 +148,11 @@ DeviceRun::DeviceRun(const Stage& stage, const Problem& p, const float* Q, const
   const bool backward = dO != nullptr;
   if (std::string why; !stage_available(stage, &why)) throw Error(why);
   require_dtype(stage, p.dtype);
-  if (backward) require_dtype(stage, p.dtype, true);
+  require_heads(stage, p);
+  if (backward) {
+    require_dtype(stage, p.dtype, true);
+    require_heads(stage, p, true);
+  }
   const std::int64_t need = device_bytes_needed(stage, p, backward);
   size_t free_bytes = 0, total_bytes = 0;
   cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");

@@ -87,15 +87,15 @@ class DeviceRun {
   const Stage& stage_;
   Problem p_;
   void* Q_ = nullptr;           // [B, H, Nq, d], p.dtype
-  void* K_ = nullptr;           // [B, H, Nk, d], p.dtype
-  void* V_ = nullptr;           // [B, H, Nk, d], p.dtype
+  void* K_ = nullptr;           // [B, H_kv, Nk, d], p.dtype
+  void* V_ = nullptr;           // [B, H_kv, Nk, d], p.dtype
   void* O_ = nullptr;           // [B, H, Nq, d], p.dtype
   float* L_ = nullptr;          // [B, H, Nq]
   void* workspace_ = nullptr;   // stage.workspace_bytes(p)
   void* dO_ = nullptr;          // [B, H, Nq, d], p.dtype
   void* dQ_ = nullptr;          // [B, H, Nq, d], p.dtype
-  void* dK_ = nullptr;          // [B, H, Nk, d], p.dtype
-  void* dV_ = nullptr;          // [B, H, Nk, d], p.dtype
+  void* dK_ = nullptr;          // [B, H_kv, Nk, d], p.dtype
+  void* dV_ = nullptr;          // [B, H_kv, Nk, d], p.dtype
   void* backward_workspace_ = nullptr;  // stage.backward_workspace_bytes(p)
   void release() noexcept;
   void launch();

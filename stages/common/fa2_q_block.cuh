@@ -107,11 +107,12 @@ struct Layout {
 // Kernel arguments.
 struct Params {
   const float* Q;  // [B, H, Nq, d]
-  const float* K;  // [B, H, Nk, d]
-  const float* V;  // [B, H, Nk, d]
+  const float* K;  // [B, H_kv, Nk, d]
+  const float* V;  // [B, H_kv, Nk, d]
   float* O;        // [B, H, Nq, d]
   float* L;        // [B, H, Nq]
   std::int64_t heads;  // B * H
+  std::int64_t H, H_kv;  // query heads and K/V heads per batch: head bh reads kv_head_of(bh, H, H_kv)
   int Nq, Nk, d;
   float scale_log2;  // softmax scale * log2(e)
   bool causal;
@@ -130,6 +131,8 @@ inline Params make_params(const Problem& p, const ForwardTensors& t,
   prm.O = static_cast<float*>(t.O);
   prm.L = t.L;
   prm.heads = p.heads();
+  prm.H = p.H;
+  prm.H_kv = p.kv_heads();
   prm.Nq = static_cast<int>(p.Nq);
   prm.Nk = static_cast<int>(p.Nk);
   prm.d = static_cast<int>(p.d);
@@ -421,8 +424,9 @@ __device__ void attend_q_block(const Params& p, std::int64_t bh, int i, float* s
     return;
   }
   const float* Qi = p.Q + q_offset;          // [rows, d]
-  const float* K = p.K + bh * p.Nk * p.d;    // [Nk, d] of this head
-  const float* V = p.V + bh * p.Nk * p.d;    // [Nk, d] of this head
+  const std::int64_t kv = kv_head_of(bh, p.H, p.H_kv);  // the K/V head of bh's group
+  const float* K = p.K + kv * p.Nk * p.d;    // [Nk, d] of this head's group
+  const float* V = p.V + kv * p.Nk * p.d;    // [Nk, d] of this head's group
 
   // Line 4 (and line 7's first Kj, ahead of the loop). The previous Q block's
   // last reads of these buffers were before its final barriers.

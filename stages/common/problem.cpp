@@ -66,7 +66,9 @@ double Problem::forward_flops() const {
 
 std::string Problem::describe() const {
   std::ostringstream s;
-  s << "B=" << B << " H=" << H << " Nq=" << Nq << " Nk=" << Nk << " d=" << d
+  s << "B=" << B << " H=" << H;
+  if (grouped()) s << " H_kv=" << kv_heads();
+  s << " Nq=" << Nq << " Nk=" << Nk << " d=" << d
     << (causal ? " causal" : " non-causal");
   if (scale) s << " scale=" << *scale;
   if (dtype != DType::kFp32) s << " " << dtype_name(dtype);
@@ -81,6 +83,13 @@ void validate(const Problem& p) {
   };
   positive("B", p.B);
   positive("H", p.H);
+  if (p.H_kv) {
+    positive("H_kv", *p.H_kv);
+    if (p.H % *p.H_kv != 0) {
+      throw Error("H must be a multiple of H_kv (each K/V head serves H / H_kv query heads), got H=" +
+                  std::to_string(p.H) + " H_kv=" + std::to_string(*p.H_kv));
+    }
+  }
   positive("Nq", p.Nq);
   positive("Nk", p.Nk);
   positive("d", p.d);

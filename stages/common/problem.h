@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "host_device.h"
+
 namespace flashstep {
 
 /// Largest head dimension any stage must support (the contract: 1 <= d <= 256).
@@ -38,8 +40,18 @@ constexpr std::int64_t dtype_bytes(DType t) { return t == DType::kFp32 ? 4 : 2; 
 /// workspaces, in every element type.
 inline constexpr std::int64_t kFloatBytes = 4;
 
+/// The K/V head that query head `bh` reads, both counted over the batch
+/// (bh in 0..B*H-1, the result in 0..B*H_kv-1): grouped-query attention puts
+/// H / H_kv consecutive query heads in one group, and query head h of batch b
+/// reads K/V head h / (H / H_kv) of that batch. H_kv = H is multi-head
+/// attention (every head its own K/V), H_kv = 1 multi-query attention.
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t kv_head_of(std::int64_t bh, std::int64_t H,
+                                                       std::int64_t H_kv) {
+  return (bh / H) * H_kv + (bh % H) / (H / H_kv);
+}
+
 /// One attention forward problem. Tensors are row-major and contiguous:
-/// Q [B, H, Nq, d], K and V [B, H, Nk, d], O [B, H, Nq, d] in `dtype`;
+/// Q [B, H, Nq, d], K and V [B, H_kv, Nk, d], O [B, H, Nq, d] in `dtype`;
 /// L [B, H, Nq] in fp32.
 struct Problem {
   std::int64_t B = 1;   ///< batch
@@ -50,14 +62,22 @@ struct Problem {
   bool causal = false;  ///< bottom-right aligned causal mask
   std::optional<double> scale;  ///< softmax scale; 1/sqrt(d) when unset
   DType dtype = DType::kFp32;   ///< element type of Q, K, V and O
+  /// K/V heads (grouped-query attention): H a multiple of it; H when unset.
+  /// Last in the struct so that code naming the fields above is unchanged.
+  std::optional<std::int64_t> H_kv;
 
   /// The scale applied to Q K^T: the one given, or 1/sqrt(d).
   double softmax_scale() const;
 
   std::int64_t elem_bytes() const { return dtype_bytes(dtype); }  ///< bytes of one Q, K, V, O element
   std::int64_t heads() const { return B * H; }             ///< B * H
+  std::int64_t kv_heads() const { return H_kv.value_or(H); }  ///< H_kv, or H when unset
+  std::int64_t group() const { return H / kv_heads(); }    ///< query heads per K/V head
+  bool grouped() const { return kv_heads() != H; }         ///< fewer K/V heads than query heads
+  /// The K/V head (of B * H_kv) that query head bh (of B * H) reads.
+  std::int64_t kv_head(std::int64_t bh) const { return kv_head_of(bh, H, kv_heads()); }
   std::int64_t q_elems() const { return B * H * Nq * d; }  ///< elements of Q and of O
-  std::int64_t kv_elems() const { return B * H * Nk * d; } ///< elements of K and of V
+  std::int64_t kv_elems() const { return B * kv_heads() * Nk * d; } ///< elements of K and of V
   std::int64_t lse_elems() const { return B * H * Nq; }    ///< elements of L
   std::int64_t score_elems() const { return B * H * Nq * Nk; }  ///< elements of S (and P)
 
@@ -71,12 +91,13 @@ struct Problem {
   double forward_flops() const;
 
   /// Short human form, e.g. "B=1 H=8 Nq=1024 Nk=1024 d=64 causal"; the
-  /// element type is named when it is not fp32 ("... causal bf16").
+  /// K/V heads are named when fewer than H ("B=1 H=8 H_kv=2 ..."), the
+  /// element type when it is not fp32 ("... causal bf16").
   std::string describe() const;
 };
 
 /// Throws flashstep::Error naming the first field that breaks the contract
-/// (sizes >= 1 and within 32-bit grid limits, d <= kMaxHeadDim,
+/// (sizes >= 1 and within 32-bit grid limits, H a multiple of H_kv, d <= kMaxHeadDim,
 /// B*H*Nq*max(Nk,64)*max(d,64) <= 2^57 so that the int64 models count it,
 /// a scale finite in fp32).
 void validate(const Problem& p);

@@ -25,8 +25,9 @@ ReferenceResult forward_rows(const Problem& p, const T* Q, const T* K, const T* 
   const double scale = p.softmax_scale();
 
   for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
-    const Matrix Kh = ConstMap<T>(K + bh * p.Nk * p.d, p.Nk, p.d).template cast<double>();
-    const Matrix Vh = ConstMap<T>(V + bh * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+    const std::int64_t kv = p.kv_head(bh);  // the K/V head of bh's group
+    const Matrix Kh = ConstMap<T>(K + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+    const Matrix Vh = ConstMap<T>(V + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
     for (std::int64_t i = 0; i < p.Nq; i += row_step) {
       Eigen::Map<Eigen::RowVectorXd> Oi(r.O.data() + (bh * p.Nq + i) * p.d, p.d);
       double& Li = r.L[static_cast<size_t>(bh * p.Nq + i)];
@@ -57,9 +58,10 @@ ReferenceGradients backward(const Problem& p, const T* Q, const T* K, const T* V
   g.dV.assign(static_cast<size_t>(p.kv_elems()), 0.0);
   const double scale = p.softmax_scale();
   for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    const std::int64_t kv = p.kv_head(bh);  // the K/V head of bh's group
     const Matrix Qh = ConstMap<T>(Q + bh * p.Nq * p.d, p.Nq, p.d).template cast<double>();
-    const Matrix Kh = ConstMap<T>(K + bh * p.Nk * p.d, p.Nk, p.d).template cast<double>();
-    const Matrix Vh = ConstMap<T>(V + bh * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+    const Matrix Kh = ConstMap<T>(K + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+    const Matrix Vh = ConstMap<T>(V + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
     const Matrix dOh = ConstMap<T>(dO + bh * p.Nq * p.d, p.Nq, p.d).template cast<double>();
     // P, row by row with the max subtracted; masked keys and empty rows give 0.
     Matrix P = Matrix::Zero(p.Nq, p.Nk);
@@ -75,8 +77,9 @@ ReferenceGradients backward(const Problem& p, const T* Q, const T* K, const T* V
     const Eigen::VectorXd D = (dOh.array() * O.array()).rowwise().sum().matrix();
     const Matrix dS = (P.array() * (dP.colwise() - D).array()).matrix();
     Eigen::Map<Matrix>(g.dQ.data() + bh * p.Nq * p.d, p.Nq, p.d) = scale * dS * Kh;
-    Eigen::Map<Matrix>(g.dK.data() + bh * p.Nk * p.d, p.Nk, p.d) = scale * dS.transpose() * Qh;
-    Eigen::Map<Matrix>(g.dV.data() + bh * p.Nk * p.d, p.Nk, p.d) = P.transpose() * dOh;
+    // A K/V head shared by a group of query heads gets the sum of their gradients.
+    Eigen::Map<Matrix>(g.dK.data() + kv * p.Nk * p.d, p.Nk, p.d) += scale * dS.transpose() * Qh;
+    Eigen::Map<Matrix>(g.dV.data() + kv * p.Nk * p.d, p.Nk, p.d) += P.transpose() * dOh;
   }
   return g;
 }
@@ -104,8 +107,8 @@ std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, c
   const auto scale = static_cast<float>(p.softmax_scale());  // the kernels' fp32 scale
   const DType t = p.dtype;
   for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
-    const auto Kh = ConstMap<float>(K + bh * p.Nk * p.d, p.Nk, p.d);
-    const auto Vh = ConstMap<float>(V + bh * p.Nk * p.d, p.Nk, p.d);
+    const auto Kh = ConstMap<float>(K + p.kv_head(bh) * p.Nk * p.d, p.Nk, p.d);
+    const auto Vh = ConstMap<float>(V + p.kv_head(bh) * p.Nk * p.d, p.Nk, p.d);
     for (std::int64_t i = 0; i < p.Nq; i += row_step) {
       double* Oi = O.data() + (bh * p.Nq + i) * p.d;
       const std::int64_t visible = p.visible_keys(i);

@@ -18,7 +18,8 @@ struct ReferenceResult {
 };
 
 /// softmax(scale * Q K^T + mask) V and its logsumexp, in double, with the
-/// max subtracted. Q [B,H,Nq,d], K and V [B,H,Nk,d], host fp32.
+/// max subtracted. Q [B,H,Nq,d], K and V [B,H_kv,Nk,d] (query head h reads
+/// K/V head h / (H / H_kv)), host fp32.
 ReferenceResult reference_forward(const Problem& p, const float* Q, const float* K,
                                   const float* V);
 
@@ -30,14 +31,15 @@ ReferenceResult reference_forward(const Problem& p, const double* Q, const doubl
 /// dQ, dK and dV of the loss sum(O o dO), in double.
 struct ReferenceGradients {
   std::vector<double> dQ;  ///< [B, H, Nq, d]
-  std::vector<double> dK;  ///< [B, H, Nk, d]
-  std::vector<double> dV;  ///< [B, H, Nk, d]
+  std::vector<double> dK;  ///< [B, H_kv, Nk, d]
+  std::vector<double> dV;  ///< [B, H_kv, Nk, d]
 };
 
 /// The backward of attention, in double, by the textbook formulas with P
 /// recomputed: dV = P^T dO, dP = dO V^T, D = rowsum(dO o O),
 /// dS = P o (dP - D), dQ = scale dS K, dK = scale dS^T Q. A row that sees no
-/// key has P = 0 and contributes nothing. dO [B,H,Nq,d], host fp32.
+/// key has P = 0 and contributes nothing. dO [B,H,Nq,d], host fp32. With
+/// H_kv < H, dK and dV [B,H_kv,Nk,d] sum the gradients of each group's query heads.
 ReferenceGradients reference_backward(const Problem& p, const float* Q, const float* K,
                                       const float* V, const float* dO);
 

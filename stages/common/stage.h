@@ -26,8 +26,8 @@ using Stream = CUstream_st*;
 /// in every type.
 struct ForwardTensors {
   const void* Q = nullptr;   ///< [B, H, Nq, d], p.dtype
-  const void* K = nullptr;   ///< [B, H, Nk, d], p.dtype
-  const void* V = nullptr;   ///< [B, H, Nk, d], p.dtype
+  const void* K = nullptr;   ///< [B, H_kv, Nk, d], p.dtype
+  const void* V = nullptr;   ///< [B, H_kv, Nk, d], p.dtype
   void* O = nullptr;         ///< [B, H, Nq, d], p.dtype
   float* L = nullptr;        ///< [B, H, Nq]; may be null for a stage that does not write it
   void* workspace = nullptr; ///< Stage::workspace_bytes(problem) bytes, 256-byte aligned
@@ -45,8 +45,8 @@ bool float4_ok(const Problem& p, const ForwardTensors& t);
 /// them for the device), and O is written rounded to it; L stays fp32.
 struct HostTensors {
   const float* Q = nullptr;  ///< [B, H, Nq, d]
-  const float* K = nullptr;  ///< [B, H, Nk, d]
-  const float* V = nullptr;  ///< [B, H, Nk, d]
+  const float* K = nullptr;  ///< [B, H_kv, Nk, d]
+  const float* V = nullptr;  ///< [B, H_kv, Nk, d]
   float* O = nullptr;        ///< [B, H, Nq, d]
   float* L = nullptr;        ///< [B, H, Nq]
 };
@@ -127,6 +127,9 @@ struct Stage {
   /// Whether this build compiled the kernels for `arch` (false: e.g. a CUDA
   /// compiler too old for sm_90a; the stage is then registered but unavailable).
   bool arch_built = true;
+  /// Whether the forward runs grouped-query problems (H_kv < H): query head
+  /// h reads K/V head h / (H / H_kv). No backward runs them yet.
+  bool grouped_heads = false;
 
   /// Whether the forward runs in `t`.
   bool supports(DType t) const;
@@ -138,6 +141,12 @@ struct Stage {
 /// backward) runs in `t`; the message names the types it has, e.g. "stage
 /// 04_fa2_q_outer does not run in bf16 (it runs in fp32)".
 void require_dtype(const Stage& stage, DType t, bool backward = false);
+
+/// Throws flashstep::Error, in one line, when p has fewer K/V heads than
+/// query heads (p.grouped()) and `stage`'s forward (or, with `backward`, its
+/// backward) does not run grouped-query problems. The runners call it beside
+/// require_dtype, so no stage checks it itself.
+void require_heads(const Stage& stage, const Problem& p, bool backward = false);
 
 /// "fp32", "fp16, bf16": a list of types for messages.
 std::string dtype_list(const std::vector<DType>& types);

@@ -29,6 +29,12 @@ and from causal.csv (causal.py), once recorded:
   causal.png               stages 03-06 with tile skipping, then diagonal-only masking,
                            switched off: time off ÷ time on against N, per d
 
+and from decode.csv (decode.py: stage 09 and SDPA on decoding problems), once recorded:
+
+  decode_bandwidth.png     achieved bandwidth as a share of the copy ceiling against Nk,
+                           B = 1, per type, Nq and H_kv: split-KV, one block, the fastest
+                           SDPA backend in that type
+
 and from ring.csv (ring.py: stage 10 on several GPUs), once recorded:
 
   ring_scaling.png         weak scaling's efficiency against tokens per GPU, and strong
@@ -74,7 +80,8 @@ RESULTS = tables.RESULTS
 PLOTS = os.path.join(RESULTS, "plots")
 SIDECAR = os.path.join(PLOTS, "plots.json")
 INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv", "backward.csv",
-          "backward_memory.csv", "forward16.csv", "ablation.csv", "causal.csv", "ring.csv")
+          "backward_memory.csv", "forward16.csv", "ablation.csv", "causal.csv", "ring.csv",
+          "decode.csv")
 FLASHSTEP = os.path.join(ROOT, "build", "stages", "cli", "flashstep")
 # backward_memory.png: the stages whose allocation the CLI's model gives, the
 # N it is drawn at (B = 1, H = 2048/d, as backward_memory.csv), and the sources
@@ -893,6 +900,50 @@ def ring_figure(ring):
     return fig
 
 
+def decode_figure(decode):
+    """Stage 09: bandwidth (ideal bytes over the median time) as a share of the copy
+    ceiling against Nk, at B = 1, one panel per Nq, a colour per H_kv; split-KV solid,
+    one block dotted, the fastest fp32 SDPA backend dashed."""
+    import matplotlib.pyplot as plt
+    from decode_tables import ONE, SPLIT, best_peer
+    rows = [r for r in decode if r["B"] == "1"]
+    nqs = sorted({int(r["Nq"]) for r in rows}) or [1]
+    dtypes = [t for t in ("fp32", "bf16", "fp16")
+              if any(r["dtype"] == t and r["stage"] == SPLIT for r in rows)] or ["fp32"]
+    fig, axes = plt.subplots(len(dtypes), len(nqs), figsize=(7 * len(nqs), 5 * len(dtypes)),
+                             squeeze=False)
+    for ax, (dtype, nq) in zip(axes.flat, [(t, nq) for t in dtypes for nq in nqs]):
+        mine = [r for r in rows if int(r["Nq"]) == nq]
+        for k, h_kv in enumerate(sorted({int(r["H_kv"]) for r in mine}, reverse=True)):
+            colour = STAGE_STYLE[k % len(STAGE_STYLE)][0]
+            at = [r for r in mine if int(r["H_kv"]) == h_kv]
+            nks = sorted({int(r["Nk"]) for r in at})
+            for stage, dash, label in ((SPLIT, "-", "split-KV"), (ONE, ":", "one block")):
+                pts = [(int(r["Nk"]), num(r["of copy"])) for r in at
+                       if r["stage"] == stage and r["dtype"] == dtype and num(r.get("of copy"))]
+                if pts:
+                    pts.sort()
+                    ax.plot([x for x, _ in pts], [100 * y for _, y in pts], color=colour,
+                            marker="o", linestyle=dash, label=f"H_kv = {h_kv}: {label}")
+            best = [(n, best_peer([r for r in at if int(r["Nk"]) == n], dtype)) for n in nks]
+            pts = [(n, num(p["of copy"])) for n, p in best if p and num(p.get("of copy"))]
+            if pts:
+                ax.plot([x for x, _ in pts], [100 * y for _, y in pts], color=colour,
+                        linestyle="--", label=f"H_kv = {h_kv}: fastest {dtype} SDPA")
+        ax.axhline(85, color="grey", linestyle=":", label="the issue's goal, 85%")
+        nks = sorted({int(r["Nk"]) for r in mine})
+        if nks:
+            log2_n_axis(ax, nks)
+        ax.set_xlabel("cached keys Nk")
+        ax.set_ylabel("bandwidth, % of the copy ceiling")
+        ax.set_title(f"{dtype}, Nq = {nq}, B = 1")
+        ax.legend(fontsize=7)
+    fig.suptitle("Stage 09, decoding: H = 32, d = 128; bytes = Q, K, V read and O written "
+                 f"once\n{provenance(decode, 'decode.csv')}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------ main
 
 def draw(out, flashstep=FLASHSTEP):
@@ -900,7 +951,7 @@ def draw(out, flashstep=FLASHSTEP):
     import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "flashstep"  # no randomness anywhere
-    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal, ring = (
+    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal, ring, decode = (
         read(n) for n in INPUTS)
     fwd = fp32_only(fwd)
     if not fwd:
@@ -965,6 +1016,11 @@ def draw(out, flashstep=FLASHSTEP):
         drawn.append("ring_scaling.png")
     else:
         print("plots: no docs/results/ring.csv (tests/bench/ring.py, 2 GPUs or more): no ring plot")
+    if decode:
+        save(decode_figure(decode), "decode_bandwidth.png", out)
+        drawn.append("decode_bandwidth.png")
+    else:
+        print("plots: no docs/results/decode.csv (tests/bench/decode.py): no decode plot")
     return drawn, model
 
 

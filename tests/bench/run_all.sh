@@ -35,6 +35,10 @@
 #             Hopper GPU, elsewhere every stage 08 row says unavailable)
 #   ablation08 ablation.py --hopper -> ablation08.csv (ncu on 07_tensor_core and each step of
 #             stage 08's ladder, with the wgmma pipe's activity; skipped without ncu)
+#   decode    decode.py         -> decode.csv   (stage 09 and its one-block contrast on decoding
+#             problems, H = 32 with H_kv 32/8/1, Nq 1 and 4, Nk 1k..512k, B 1..64, d = 128,
+#             beside PyTorch SDPA with enable_gqa when torch + CUDA are there; DECODE_ARGS
+#             picks points, e.g. "--Nq 1")
 #   ring      ring.py           -> ring.csv     (stage 10 on every visible GPU, needs 2 or more:
 #             weak and strong scaling, the longest N, the overlap switched off; RING_ARGS
 #             picks parts, e.g. "--parts weak"; the rows are added to those already recorded)
@@ -60,6 +64,8 @@
 #   bash tests/bench/run_all.sh /tmp/d build traffic                       # ~5-8 min
 #   bash tests/bench/run_all.sh /tmp/e build backward                      # see its log
 #   bash tests/bench/run_all.sh /tmp/f build causal splitq                 # ~6 min
+#   DECODE_ARGS="--Nq 1 --dtype fp32" bash tests/bench/run_all.sh /tmp/g build decode  # not yet
+#   (then --Nq 1 --dtype bf16, --Nq 4 --dtype fp32, --Nq 4 --dtype bf16: each adds its rows)  # timed
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
@@ -71,10 +77,11 @@
 # TILES_ARGS (flags for flashstep_tile_sweep, e.g. "--d 128 --N 4096"),
 # CAUSAL_ARGS (flags for flashstep_causal, e.g. "--d 64 --N 4096"),
 # ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64"),
-# RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast").
+# RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast"),
+# DECODE_ARGS (flags for decode.py, e.g. "--Nq 1 --dtype fp32": the decode sweep in several calls).
 set -uo pipefail
 all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal splitq ablation
-           sweep08 ablation08 ring tables plots)
+           sweep08 ablation08 decode ring tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -95,6 +102,7 @@ read -r -a tiles_args <<<"${TILES_ARGS:-}"
 read -r -a causal_args <<<"${CAUSAL_ARGS:-}"
 read -r -a ablation_args <<<"${ABLATION_ARGS:-}"
 read -r -a ring_args <<<"${RING_ARGS:-}"
+read -r -a decode_args <<<"${DECODE_ARGS:-}"
 if [ -z "${FLASHSTEP_COMMIT:-}" ]; then
   FLASHSTEP_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
   if [ "$FLASHSTEP_COMMIT" != unknown ] && ! git diff --quiet HEAD -- 2>/dev/null; then
@@ -281,6 +289,15 @@ for s in "${steps[@]}"; do
       else
         say "ablation08: skipped, ncu read no counters here (see $log/ablation08.csv); $results/ablation08.csv left as it was"
       fi
+      ;;
+    decode)
+      peers_flag=()
+      have_torch || peers_flag=(--no-peers)
+      # Rows add to those already recorded, so DECODE_ARGS can split the sweep into calls.
+      [ -s "$results/decode.csv" ] && cp "$results/decode.csv" "$log/decode.csv"
+      step decode "$py" tests/bench/decode.py --flashstep "$exe" --append --out "$log/decode.csv" \
+        "${peers_flag[@]}" "${decode_args[@]}"
+      record decode decode.csv
       ;;
     ring)
       if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -lt 2 ]; then

@@ -12,6 +12,8 @@ backward_determinism.csv; traffic.py --backward: backward_traffic.csv) fill
 <!-- results:backward:begin/end --> wherever it appears; the course track's
 docs/results/course.csv (course_bench.py) fills <!-- results:course:begin/end -->
 in docs/assignments/07_pytorch_triton.md (course_tables.py), and stage 10's
+docs/results/decode.csv (decode.py) fills <!-- results:decode:begin/end --> in
+README.md and stages/09_split_kv/README.md (decode_tables.py);
 docs/results/ring.csv (ring.py) fills <!-- results:ring:begin/end --> in
 README.md and stages/10_ring/README.md (ring_tables.py). The fp32
 peers become extra rows of the forward tables. docs/results/causal.csv
@@ -965,6 +967,11 @@ def main():
     # Stage 10, ring attention (ring.py), in README.md and the stage's README.
     from ring_tables import ring_edits
     for path, subs in ring_edits(ROOT, read).items():
+        edits.setdefault(path, []).extend(subs)
+
+    # Stage 09, decoding (decode.py), in README.md and the stage's README.
+    from decode_tables import decode_edits
+    for path, subs in decode_edits(ROOT, read).items():
         edits.setdefault(path, []).extend(subs)
 
     stale = []

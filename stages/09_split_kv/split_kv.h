@@ -1,0 +1,70 @@
+/// \file split_kv.h
+/// \brief Stage 09: split-KV decoding (flash-decoding). Each (batch, K/V head)
+/// sequence of keys is cut into splits, each split handled by its own thread
+/// block for all query heads of the K/V head's group at once; every block
+/// writes a partial O and logsumexp, and a merge kernel combines them with the
+/// two-block identity (common/partial_merge.h). Host entry points; CUDA-free.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/stage.h"
+#include "split_kv_plan.h"
+
+namespace flashstep::split_kv {
+
+/// The split-KV forward: the plan of make_plan(p, SMs of the current device),
+/// the split kernel, then (with more than one split) the merge kernel.
+void forward(const Problem& p, const ForwardTensors& t, Stream stream);
+/// The contrast: one block per (K/V head, row tile), no split, no merge. At
+/// decoding sizes it launches B * H_kv blocks, too few for the GPU.
+void forward_one_block(const Problem& p, const ForwardTensors& t, Stream stream);
+
+/// The KV-cache forward: K and V are [B, H_kv, capacity, d] with capacity =
+/// p.Nk, of which sequence b holds its first cache_seqlens[b] keys (device
+/// array [B], each in 0..capacity, as flash_attn_with_kvcache's
+/// cache_seqlens); the Nq queries of sequence b are its last Nq positions
+/// (bottom-right causal: query i sees key j iff j <= i + seqlen_b - Nq). A
+/// sequence of length 0 gives O = 0, L = -inf. `split` false: one block per
+/// (K/V head, row tile).
+void forward_kvcache(const Problem& p, const ForwardTensors& t,
+                     const std::int32_t* cache_seqlens,  // [B], device
+                     Stream stream, bool split = true);
+
+/// The partials: [splits, B, H, Nq, d] O and [splits, B, H, Nq] L in fp32,
+/// for the most splits any GPU plans (make_plan at kMaxSmCount); 0 when that
+/// is one split (the kernel then writes O and L itself).
+std::int64_t workspace_bytes(const Problem& p);
+/// The one-block contrast needs none: 0.
+std::int64_t workspace_bytes_one_block(const Problem& p);
+
+/// Traffic, FLOPs and blocks in closed form, planned for kModelSmCount SMs.
+/// HBM: each (row tile, split) block reads its rows of Q and its split's keys
+/// of K and V once (so K/V once per group when the group fits one row tile)
+/// and writes its partials (d + 1 fp32 per row), or O and L with one split;
+/// the merge reads every partial and writes O and L. Matmul FLOPs: 2 d per
+/// score computed (visible keys only) and 2 d per (row, key read) for P V.
+/// SRAM bytes and non-matmul FLOPs are not modelled (0).
+Cost model(const Problem& p);
+/// The same for the one-block contrast.
+Cost model_one_block(const Problem& p);
+
+/// The kernels' loops on the host, planned for kModelSmCount SMs, in p.dtype
+/// as the kernels run it (inputs holding that type's values, O rounded to it,
+/// every sum and the partials fp32), counting what they move:
+/// split_kv_mirror.cpp.
+Cost mirror(const Problem& p, const HostTensors& t);
+/// The one-block contrast on the host.
+Cost mirror_one_block(const Problem& p, const HostTensors& t);
+/// The KV-cache forward on the host: cache_seqlens [B] as forward_kvcache
+/// takes them, planned for `sm_count` SMs.
+Cost mirror_kvcache(const Problem& p, const HostTensors& t, const std::int64_t* cache_seqlens,
+                    int sm_count, bool split = true);
+
+}  // namespace flashstep::split_kv
+
+namespace flashstep {
+/// Registry entries of this folder: 09_split_kv and 09_one_block.
+std::vector<Stage> stages_09_split_kv();
+}  // namespace flashstep

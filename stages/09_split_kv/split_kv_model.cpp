@@ -1,0 +1,94 @@
+// Stage 09's model, workspace and registry entries (host only).
+#include <algorithm>
+#include <cstdint>
+
+#include "split_kv.h"
+
+namespace flashstep::split_kv {
+
+namespace {
+
+// Sum over x = x0 .. x0 + n - 1 of clamp(x, lo, hi) - lo (0 when hi <= lo):
+// the keys of [lo, hi) that rows seeing x keys each see, in closed form.
+std::int64_t clamped_sum(std::int64_t x0, std::int64_t n, std::int64_t lo, std::int64_t hi) {
+  if (hi <= lo || n <= 0) return 0;
+  const std::int64_t x1 = x0 + n - 1;
+  const std::int64_t at_hi = std::clamp<std::int64_t>(x1 - hi + 1, 0, n);  // x >= hi: hi - lo each
+  const std::int64_t a = std::max(x0, lo + 1), z = std::min(x1, hi - 1);     // lo < x < hi: x - lo
+  const std::int64_t middle = z >= a ? (z - a + 1) * ((a - lo) + (z - lo)) / 2 : 0;
+  return at_hi * (hi - lo) + middle;
+}
+
+// The counts of `plan` on p, by the split kernel's loops summed in closed form.
+Cost count(const Problem& p, const Plan& plan) {
+  constexpr std::int64_t F = kFloatBytes;  // L and the partials
+  const std::int64_t E = p.elem_bytes();
+  const std::int64_t kv_heads = p.B * p.kv_heads();
+  const std::int64_t rows_total = p.heads() * p.Nq;
+  Cost c;
+  // Each (row tile, split) block reads its rows of Q; over the row tiles of
+  // a K/V head that is every row of its group once per split.
+  c.hbm_read_bytes = plan.splits * rows_total * p.d * E;
+  // Each block reads its split's keys of K and V: every key once per row tile.
+  c.hbm_read_bytes += kv_heads * plan.row_tiles * 2 * p.Nk * p.d * E;
+  // Partials in fp32 (d + 1 per row and split), or with one split O (in
+  // p.dtype) and L.
+  c.hbm_write_bytes = plan.splits > 1 ? plan.splits * rows_total * (p.d + 1) * F
+                                      : rows_total * (p.d * E + F);
+  // S: 2 d per visible key of each row; P V: 2 d per key its block reads.
+  // Query i sees keys 0 .. i + Nk - Nq (causal), so over a split's keys
+  // [k_lo, k_hi) its count is clamp(i + Nk - Nq + 1, k_lo, k_hi) - k_lo.
+  std::int64_t seen = 0;  // over the Nq queries of one head
+  for (std::int64_t s = 0; s < plan.splits; ++s) {
+    const std::int64_t k_lo = s * plan.keys_per_split;
+    const std::int64_t k_hi = std::min(k_lo + plan.keys_per_split, p.Nk);
+    seen += p.causal ? clamped_sum(p.Nk - p.Nq + 1, p.Nq, k_lo, k_hi) : p.Nq * (k_hi - k_lo);
+  }
+  c.matmul_flops = 2 * p.d * p.heads() * (seen + p.Nq * p.Nk);
+  if (plan.splits > 1) {  // the merge: every partial read, O and L written
+    c.hbm_read_bytes += plan.splits * rows_total * (p.d + 1) * F;
+    c.hbm_write_bytes += rows_total * (p.d * E + F);
+  }
+  c.thread_blocks = thread_blocks(p, plan);
+  return c;
+}
+
+}  // namespace
+
+std::int64_t workspace_bytes(const Problem& p) {
+  const Plan bound = make_plan(p, kMaxSmCount);
+  return bound.splits > 1 ? bound.splits * (p.q_elems() + p.lse_elems()) * kFloatBytes : 0;
+}
+
+std::int64_t workspace_bytes_one_block(const Problem&) { return 0; }
+
+Cost model(const Problem& p) { return count(p, make_plan(p, kModelSmCount)); }
+
+Cost model_one_block(const Problem& p) { return count(p, make_plan(p, kModelSmCount, false)); }
+
+}  // namespace flashstep::split_kv
+
+namespace flashstep {
+
+std::vector<Stage> stages_09_split_kv() {
+  Stage s;
+  s.name = "09_split_kv";
+  s.title = "split-KV decoding: keys over thread blocks, partials merged";
+  s.writes_lse = true;
+  s.forward = split_kv::forward;
+  s.workspace_bytes = split_kv::workspace_bytes;
+  s.model = split_kv::model;
+  s.mirror = split_kv::mirror;
+  s.grouped_heads = true;  // a group's query heads are rows of one block
+  s.dtypes = {DType::kFp32, DType::kBf16, DType::kFp16};
+  Stage one = s;
+  one.name = "09_one_block";
+  one.title = "decoding without splits: one block per (batch, K/V head)";
+  one.forward = split_kv::forward_one_block;
+  one.workspace_bytes = split_kv::workspace_bytes_one_block;
+  one.model = split_kv::model_one_block;
+  one.mirror = split_kv::mirror_one_block;
+  return {s, one};
+}
+
+}  // namespace flashstep

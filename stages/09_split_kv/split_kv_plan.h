@@ -1,0 +1,131 @@
+/// \file split_kv_plan.h
+/// \brief Stage 09's work plan, shared by the kernels, the CPU mirror and the
+/// model: the tiles, the split count rule, and which keys and query rows one
+/// thread block handles. CUDA-free; the index helpers also run on the device.
+///
+/// One unit of work is (K/V head, row tile, split):
+/// - the K/V head kvh of B * H_kv;
+/// - a tile of kRows rows of that head's *group*: the G = H / H_kv query heads
+///   that read K/V head kvh, each with its Nq queries, flattened as
+///   r = g * Nq + i (query head g of the group, query i), so that one block
+///   reads each K/V tile once for every query head of the group;
+/// - a split: a contiguous range of keys [s * keys_per_split, ...). Each split
+///   writes a partial (O_s, L_s) per row, merged afterwards (partial_merge.h).
+///
+/// A block reads all of its split's keys, whatever the causal mask: decoding
+/// rows (Nq small) see nearly every key, and the counts stay closed-form.
+/// Scores of masked keys are not computed (they are -inf).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/host_device.h"
+#include "common/problem.h"
+
+namespace flashstep::split_kv {
+
+/// Query rows per block: the rows of one group a block takes at once. 32
+/// covers a whole group while decoding (Nq = 1 with G up to 32: MQA on 32
+/// heads; Nq = 4 with G = 8), so K and V are read once per group there. 8
+/// warps own 4 rows each for the softmax.
+inline constexpr int kRows = 32;
+/// Keys per tile: one per lane, so a warp holds one row's tile scores with one
+/// score a lane and takes its max and sum by shuffles.
+inline constexpr int kBc = 32;
+/// Threads per block: 8 warps.
+inline constexpr int kThreads = 256;
+/// Warps per block, each owning rows w, w + 8, w + 16, w + 24 of the tile.
+inline constexpr int kWarps = kThreads / 32;
+/// Rows of the merge kernel per block: one warp a row.
+inline constexpr int kMergeRows = 4;
+/// Threads of the merge kernel.
+inline constexpr int kMergeThreads = kMergeRows * 32;
+
+/// Blocks to aim for per SM (the split rule, make_plan below): more than fit
+/// at once (two at d = 128 in fp32: 128 registers a thread, 87 KiB of shared
+/// memory a block), so that blocks that finish early are replaced and the
+/// last wave is short. A starting point for the decode sweep to tune.
+inline constexpr std::int64_t kBlocksPerSm = 4;
+/// At least this many keys per split, so that the partials (d + 1 floats per
+/// row and split, written and read back by the merge) stay small beside the
+/// K and V a split reads (2 d elements per key): at 256 keys they are under
+/// 1 % of it when the group has one row.
+inline constexpr std::int64_t kMinKeysPerSplit = 256;
+/// At most this many splits: the merge reads every split's partial per row.
+inline constexpr std::int64_t kMaxSplits = 128;
+/// The SM count the model and the CPU mirror plan for (H100 SXM and H200
+/// both have 132); the GPU plans for its own.
+inline constexpr int kModelSmCount = 132;
+/// An SM count above any GPU's, for sizing the workspace without a GPU: the
+/// split count only grows with the SM count, so this bounds every run's.
+inline constexpr int kMaxSmCount = 1024;
+/// Largest grid x (CUDA's limit); beyond it blocks walk the rest.
+inline constexpr std::int64_t kMaxGridX = 2147483647;
+/// Largest grid y (CUDA's limit); beyond it blocks walk the rest.
+inline constexpr std::int64_t kMaxGridY = 65535;
+
+/// How one problem is cut into work.
+struct Plan {
+  std::int64_t group_rows = 0;      ///< G * Nq: query rows per K/V head
+  std::int64_t row_tiles = 0;       ///< ceil(group_rows / kRows)
+  std::int64_t splits = 1;          ///< key ranges per (K/V head, row tile)
+  std::int64_t keys_per_split = 0;  ///< a multiple of kBc (the last split may hold fewer)
+};
+
+/// The split count: enough blocks to fill the GPU, no more.
+///
+///   blocks without splitting  n0 = B * H_kv * row_tiles
+///   wanted                    ceil(kBlocksPerSm * SMs / n0)
+///   splits                    min(wanted, ceil(Nk / kMinKeysPerSplit), kMaxSplits), >= 1
+///
+/// then the keys are dealt out in whole tiles, kps = kBc * ceil(Nk / (splits
+/// kBc)), and splits = ceil(Nk / kps) so that no split is empty. A prefill
+/// (many rows) gets 1 split; a decode of B * H_kv = 8 heads at Nk = 32k on
+/// 132 SMs wants 66, dealt out as 64 splits of 512 keys. With `split` false
+/// (the one-block contrast) it is 1.
+inline Plan make_plan(const Problem& p, int sm_count, bool split = true) {
+  Plan plan;
+  plan.group_rows = p.group() * p.Nq;
+  plan.row_tiles = (plan.group_rows - 1) / kRows + 1;
+  const std::int64_t n0 = p.B * p.kv_heads() * plan.row_tiles;
+  const std::int64_t target = kBlocksPerSm * sm_count;
+  const std::int64_t wanted = (target - 1) / n0 + 1;
+  const std::int64_t by_keys = (p.Nk - 1) / kMinKeysPerSplit + 1;
+  std::int64_t splits = split ? std::max<std::int64_t>(1, std::min({wanted, by_keys, kMaxSplits})) : 1;
+  const std::int64_t per_split = (p.Nk - 1) / splits + 1;
+  plan.keys_per_split = ((per_split - 1) / kBc + 1) * kBc;
+  plan.splits = (p.Nk - 1) / plan.keys_per_split + 1;
+  return plan;
+}
+
+/// Thread blocks a run launches: the split kernel's grid (row tiles x splits
+/// by B * H_kv, each capped at CUDA's limit, the blocks then walking the rest)
+/// and, with more than one split, the merge kernel's (kMergeRows rows a block).
+inline std::int64_t thread_blocks(const Problem& p, const Plan& plan) {
+  const std::int64_t split = std::min(plan.row_tiles * plan.splits, kMaxGridX) *
+                             std::min(p.B * p.kv_heads(), kMaxGridY);
+  const std::int64_t merge =
+      plan.splits > 1 ? std::min((p.heads() * p.Nq - 1) / kMergeRows + 1, kMaxGridX) : 0;
+  return split + merge;
+}
+
+/// Keys query row i (0..Nq-1) may see in a sequence of nk keys: nk, or with
+/// the causal mask (bottom-right: the queries are the sequence's last Nq
+/// positions) i + nk - Nq + 1, clamped to 0..nk. Problem::visible_keys with
+/// a per-sequence length, for the KV cache.
+FLASHSTEP_HOST_DEVICE inline std::int64_t visible_keys(std::int64_t i, std::int64_t Nq,
+                                                       std::int64_t nk, bool causal) {
+  if (!causal) return nk;
+  const std::int64_t v = i + nk - Nq + 1;
+  return v < 0 ? 0 : (v > nk ? nk : v);
+}
+
+/// Query head bh (of B * H) of row g of K/V head kvh's group (kvh of B * H_kv):
+/// the inverse of kv_head_of.
+FLASHSTEP_HOST_DEVICE inline std::int64_t query_head(std::int64_t kvh, std::int64_t g,
+                                                     std::int64_t H, std::int64_t H_kv) {
+  return (kvh / H_kv) * H + (kvh % H_kv) * (H / H_kv) + g;
+}
+
+}  // namespace flashstep::split_kv

@@ -1,0 +1,231 @@
+// Stage 09 on the CPU: the split rule by hand, the split kernel's mirror and
+// its merge against the fp64 reference on ragged decoding shapes at several
+// split counts, the model's counts, and the KV cache with lengths that differ
+// across the batch.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "09_split_kv/split_kv.h"
+#include "common/check.h"
+#include "common/reference.h"
+#include "common/rounding.h"
+#include "check_cost.h"
+#include "shapes.h"
+
+using flashstep::Problem;
+namespace sk = flashstep::split_kv;
+
+namespace {
+
+struct Run {
+  std::vector<float> O, L;
+  flashstep::Cost counted;
+};
+
+Run run_kvcache(const Problem& p, const flashstep::Inputs& in, const std::vector<std::int64_t>& seqlens,
+                int sm_count, bool split = true) {
+  Run r;
+  r.O.assign(static_cast<size_t>(p.q_elems()), NAN);
+  r.L.assign(static_cast<size_t>(p.lse_elems()), NAN);
+  r.counted = sk::mirror_kvcache(p, {in.Q.data(), in.K.data(), in.V.data(), r.O.data(), r.L.data()},
+                                 seqlens.data(), sm_count, split);
+  return r;
+}
+
+// O = 0 and L = -inf exactly in the rows that see no key.
+void check_empty_rows(const Problem& p, const Run& r) {
+  std::int64_t wrong = 0;
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+      for (std::int64_t c = 0; c < p.d; ++c) wrong += r.O[(bh * p.Nq + i) * p.d + c] != 0.0f;
+      wrong += r.L[bh * p.Nq + i] != -INFINITY;
+    }
+  }
+  CHECK(wrong == 0);
+}
+
+}  // namespace
+
+TEST_CASE("stage 09's split rule by hand") {
+  Problem p = flashstep::test::make_problem(1, 32, 1, 32768, 128, false);
+  p.H_kv = 8;
+  // 8 K/V heads, one row tile each (4 rows): 8 blocks unsplit; 4 * 132 = 528
+  // wanted, so 66 splits, dealt out in whole 32-key tiles as 64 of 512 keys.
+  sk::Plan plan = sk::make_plan(p, 132);
+  CHECK(plan.group_rows == 4);
+  CHECK(plan.row_tiles == 1);
+  CHECK(plan.keys_per_split == 512);
+  CHECK(plan.splits == 64);
+  CHECK(sk::make_plan(p, 132, false).splits == 1);
+  // Few keys: at least kMinKeysPerSplit (256) a split.
+  p.Nk = 1000;
+  CHECK(sk::make_plan(p, 132).splits == 4);
+  p.Nk = 1;
+  CHECK(sk::make_plan(p, 132).splits == 1);
+  // Many keys: at most kMaxSplits.
+  p.Nk = 1 << 20;
+  p.H_kv = 1;
+  CHECK(sk::make_plan(p, 1024).splits == sk::kMaxSplits);
+  // A prefill fills the GPU with row tiles alone: 8 heads of 128 tiles.
+  p = flashstep::test::make_problem(1, 8, 4096, 4096, 64, true);
+  CHECK(sk::make_plan(p, 132).row_tiles == 128);
+  CHECK(sk::make_plan(p, 132).splits == 1);
+  // The workspace covers any GPU's plan.
+  p = flashstep::test::make_problem(2, 4, 3, 5000, 64, false);
+  for (int sms : {1, 16, 132, 1024}) {
+    const sk::Plan at = sk::make_plan(p, sms);
+    CHECK(at.splits * (p.q_elems() + p.lse_elems()) * 4 <= sk::workspace_bytes(p));
+  }
+}
+
+TEST_CASE("stage 09's group rows map back to their query heads") {
+  // K/V head kvh's group, row g: the query head that reads kvh.
+  for (std::int64_t H_kv : {1, 2, 4, 8}) {
+    const std::int64_t H = 8, B = 3;
+    for (std::int64_t kvh = 0; kvh < B * H_kv; ++kvh) {
+      for (std::int64_t g = 0; g < H / H_kv; ++g) {
+        CHECK(flashstep::kv_head_of(sk::query_head(kvh, g, H, H_kv), H, H_kv) == kvh);
+      }
+    }
+  }
+}
+
+TEST_CASE("stage 09: splits and their merge match fp64 on ragged decoding shapes, causal and not") {
+  // Nq in {1, 3, 16}, Nk from 1 up past a few splits, grouped and not; the SM
+  // counts give 1 split, a few, and many (sm_count 1024: up to Nk / 256).
+  struct Shape {
+    std::int64_t B, H, H_kv, Nq, Nk, d;
+  };
+  const Shape shapes[] = {{2, 4, 4, 1, 1, 64},    {1, 8, 2, 1, 1000, 64}, {2, 8, 1, 3, 777, 40},
+                          {1, 4, 1, 16, 9, 128},  {3, 2, 2, 16, 2049, 59}, {1, 32, 1, 1, 1300, 16},
+                          {2, 2, 1, 3, 2, 256}};
+  std::uint64_t seed = 90;
+  int several = 0;
+  for (const Shape& sh : shapes) {
+    for (bool causal : {false, true}) {
+      Problem p = flashstep::test::make_problem(sh.B, sh.H, sh.Nq, sh.Nk, sh.d, causal);
+      p.H_kv = sh.H_kv;
+      const auto in = flashstep::random_inputs(p, seed++);
+      const auto truth = flashstep::forward_truth(p, in);
+      const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
+      for (int sms : {1, 132, 1024}) {
+        CAPTURE(p.describe());
+        CAPTURE(sms);
+        const sk::Plan plan = sk::make_plan(p, sms);
+        several += plan.splits > 1;
+        const Run r = run_kvcache(p, in, full, sms);
+        const auto c = flashstep::check_forward(p, r.O.data(), r.L.data(), truth);
+        CHECK_MESSAGE(c.ok(), c.summary());
+        check_empty_rows(p, r);
+      }
+    }
+  }
+  CHECK(several >= 10);  // the merge ran, not just the one-split path
+}
+
+TEST_CASE("stage 09: the mirrors count what the models say, and K and V are read once per group") {
+  std::uint64_t seed = 95;
+  for (const Problem& grouped : flashstep::test::grouped_problems()) {
+    for (bool split : {true, false}) {
+      CAPTURE(grouped.describe());
+      CAPTURE(split);
+      const auto in = flashstep::random_inputs(grouped, seed++);
+      const std::vector<std::int64_t> full(static_cast<size_t>(grouped.B), grouped.Nk);
+      const Run r = run_kvcache(grouped, in, full, sk::kModelSmCount, split);
+      flashstep::test::check_counts_equal(r.counted, split ? sk::model(grouped)
+                                                           : sk::model_one_block(grouped));
+    }
+  }
+  // Decoding, Nq = 1, H = 32, H_kv = 8, Nk = 32k: K + V once per K/V head,
+  // Q once per split, partials written and read back once.
+  Problem p = flashstep::test::make_problem(2, 32, 1, 32768, 128, false);
+  p.H_kv = 8;
+  const sk::Plan plan = sk::make_plan(p, sk::kModelSmCount);
+  const flashstep::Cost c = sk::model(p);
+  const std::int64_t kv = 2 * p.kv_elems() * 4;
+  const std::int64_t partials = plan.splits * p.lse_elems() * (p.d + 1) * 4;
+  CHECK(c.hbm_read_bytes == kv + plan.splits * p.q_elems() * 4 + partials);
+  CHECK(c.hbm_write_bytes == partials + p.lse_elems() * (p.d + 1) * 4);
+  CHECK(static_cast<double>(c.matmul_flops) == p.forward_flops());
+}
+
+TEST_CASE("stage 09's KV cache: lengths that differ across the batch, queries at each sequence's end") {
+  // capacity 300; sequence lengths 1, capacity, 0 (nothing cached yet), and
+  // ragged ones. Sequence b is the problem with Nk = seqlens[b] on the first
+  // seqlens[b] keys of its cache rows.
+  const std::vector<std::int64_t> seqlens = {1, 300, 0, 17, 299, 256};
+  const std::int64_t capacity = 300;
+  std::uint64_t seed = 97;
+  for (std::int64_t Nq : {1, 3, 16}) {
+    for (std::int64_t H_kv : {1, 2}) {
+      for (bool causal : {false, true}) {
+        Problem p = flashstep::test::make_problem(static_cast<std::int64_t>(seqlens.size()), 4, Nq,
+                                                  capacity, 40, causal);
+        p.H_kv = H_kv;
+        CAPTURE(p.describe());
+        const auto in = flashstep::random_inputs(p, seed++);
+        for (int sms : {1, 1024}) {
+          CAPTURE(sms);
+          const Run r = run_kvcache(p, in, seqlens, sms);
+          for (std::int64_t b = 0; b < p.B; ++b) {
+            CAPTURE(b);
+            const std::int64_t n = seqlens[static_cast<size_t>(b)];
+            const std::int64_t q_head = p.H * Nq * p.d;  // elements of one sequence's Q and O
+            if (n == 0) {  // no key at all: every row is the empty row
+              for (std::int64_t e = 0; e < q_head; ++e) CHECK(r.O[b * q_head + e] == 0.0f);
+              for (std::int64_t e = 0; e < p.H * Nq; ++e) CHECK(r.L[b * p.H * Nq + e] == -INFINITY);
+              continue;
+            }
+            Problem one = p;
+            one.B = 1;
+            one.Nk = n;
+            std::vector<float> Q(in.Q.begin() + b * q_head, in.Q.begin() + (b + 1) * q_head);
+            std::vector<float> K, V;
+            for (std::int64_t h = 0; h < H_kv; ++h) {
+              const std::int64_t at = (b * H_kv + h) * capacity * p.d;
+              K.insert(K.end(), in.K.begin() + at, in.K.begin() + at + n * p.d);
+              V.insert(V.end(), in.V.begin() + at, in.V.begin() + at + n * p.d);
+            }
+            const auto truth = flashstep::forward_truth(one, {Q, K, V});
+            const auto c = flashstep::check_forward(one, r.O.data() + b * q_head,
+                                                    r.L.data() + b * p.H * Nq, truth);
+            CHECK_MESSAGE(c.ok(), c.summary());
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stage 09 in bf16 and fp16: the mirror passes FlashAttention's rule and counts 2-byte elements") {
+  std::uint64_t seed = 120;
+  for (flashstep::DType t : {flashstep::DType::kBf16, flashstep::DType::kFp16}) {
+    for (const Problem& grouped : flashstep::test::grouped_problems()) {
+      Problem p = grouped;
+      p.dtype = t;
+      auto in = flashstep::random_inputs(p, seed++);
+      const auto truth = flashstep::forward_truth(p, in);  // rounds a copy of the inputs
+      for (std::vector<float>* x : {&in.Q, &in.K, &in.V}) {
+        flashstep::round_to_dtype(t, x->data(), static_cast<std::int64_t>(x->size()));
+      }
+      const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
+      for (int sms : {1, sk::kModelSmCount, 1024}) {
+        CAPTURE(p.describe());
+        CAPTURE(sms);
+        const Run r = run_kvcache(p, in, full, sms);
+        const auto c = flashstep::check_forward(p, r.O.data(), r.L.data(), truth);
+        CHECK_MESSAGE(c.ok(), c.summary());
+        check_empty_rows(p, r);
+        // O holds the type's values: rounding it again changes nothing.
+        std::int64_t unrounded = 0;
+        for (float o : r.O) unrounded += flashstep::round_to_dtype(t, o) != o;
+        CHECK(unrounded == 0);
+        if (sms == sk::kModelSmCount) flashstep::test::check_counts_equal(r.counted, sk::model(p));
+      }
+    }
+  }
+}
