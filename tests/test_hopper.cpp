@@ -7,10 +7,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/check.h"
+#include "common/device.h"
+#include "common/error.h"
 #include "common/reference.h"
 #include "common/rounding.h"
 #include "common/stage.h"
@@ -71,6 +74,28 @@ TEST_CASE("stage 08's entries need sm_90a and were built for it, the other stage
       CHECK(s.arch == 0);
     }
   }
+}
+
+TEST_CASE("a stage built without its architecture is unavailable, in one line, before any CUDA call") {
+  Stage s = *stage08_ladder().back();
+  s.arch_built = false;
+  std::string why;
+  CHECK_FALSE(flashstep::stage_available(s, &why));
+  CHECK(why ==
+        "stage 08_hopper is unavailable: this build did not compile it for sm_90a, the "
+        "architecture it needs");
+  CHECK(why.find('\n') == std::string::npos);
+  // The runner refuses it with the same line, before it allocates anything.
+  Problem p = make_problem(1, 1, 8, 8, 64, false);
+  p.dtype = DType::kBf16;
+  const flashstep::Inputs none;
+  CHECK_THROWS_WITH_AS(flashstep::DeviceRun(s, p, none.Q.data(), none.K.data(), none.V.data()),
+                       why.c_str(), flashstep::Error);
+  // A stage for any GPU (arch 0) is available without asking the device.
+  Stage any = s;
+  any.arch = 0;
+  any.arch_built = true;
+  CHECK(flashstep::stage_available(any));
 }
 
 TEST_CASE("stage 08's mirrors, in each type, at negative, zero and large scales: rule and model") {
