@@ -1,6 +1,7 @@
 // The backward pass on the CPU: the fp64 reference gradients against central
-// finite differences, the masking rules, and every backward mirror against the
-// reference and its closed-form model.
+// finite differences, the masking rules, every backward mirror against the
+// reference and its closed-form model, and stage 07's fp16/bf16 mirror
+// against the low-precision gradient rule.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,8 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "07_tensor_core/tensor_core.h"
 #include "common/check.h"
 #include "common/reference.h"
+#include "common/rounding.h"
 #include "common/stage.h"
 #include "check_cost.h"
 #include "shapes.h"
@@ -131,4 +134,73 @@ TEST_CASE("stage 05's backward tests the mask only in the tiles on the diagonal:
   // rows) is tested against every K/V block, all 256 keys.
   CHECK(s05->backward_model(make_problem(1, 1, 256, 256, 64, false)).mask_tests == 0);
   CHECK(s05->backward_model(make_problem(1, 1, 250, 256, 64, false)).mask_tests == 26 * 256);
+}
+
+namespace {
+
+struct Grads {
+  std::vector<float> dQ, dK, dV;
+};
+
+// Stage 07's backward mirror on its forward mirror's O and L, from the inputs
+// and dO rounded to p.dtype (as the runner rounds them for the device);
+// `L_shift` added to every L (0: the forward's own).
+Grads stage07_mirror_grads(const Problem& p, const flashstep::Inputs& in,
+                                              const std::vector<float>& dO_in, float L_shift) {
+  flashstep::Inputs r = in;
+  std::vector<float> dO = dO_in;
+  for (std::vector<float>* x : {&r.Q, &r.K, &r.V, &dO}) {
+    flashstep::round_to_dtype(p.dtype, x->data(), static_cast<std::int64_t>(x->size()));
+  }
+  std::vector<float> O(static_cast<size_t>(p.q_elems())), L(static_cast<size_t>(p.lse_elems()));
+  flashstep::tensor_core::mirror<flashstep::tensor_core::Step::kTunedTiles>(
+      p, {r.Q.data(), r.K.data(), r.V.data(), O.data(), L.data()});
+  for (float& x : L) x += L_shift;
+  Grads g{std::vector<float>(O.size(), NAN),
+            std::vector<float>(static_cast<size_t>(p.kv_elems()), NAN),
+            std::vector<float>(static_cast<size_t>(p.kv_elems()), NAN)};
+  flashstep::tensor_core::backward_mirror(p, {r.Q.data(), r.K.data(), r.V.data(), O.data(),
+                                              L.data(), dO.data(), g.dQ.data(), g.dK.data(),
+                                              g.dV.data()});
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("stage 07's backward mirror, on its forward mirror's O and L, passes the fp16/bf16 rule") {
+  std::uint64_t seed = 900;
+  for (flashstep::DType t : {flashstep::DType::kBf16, flashstep::DType::kFp16}) {
+    for (Problem p : flashstep::test::ragged_problems()) {
+      if (p.Nq * p.Nk * p.d > 5'000'000) continue;  // the CPU test's time
+      p.dtype = t;
+      CAPTURE(p.describe());
+      const auto in = flashstep::random_inputs(p, seed++);
+      const auto dO = flashstep::random_output_grad(p, seed++);
+      const auto truth = flashstep::backward_truth(p, in, dO);
+      const auto g = stage07_mirror_grads(p, in, dO, 0.0f);
+      const auto c = flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+      CHECK_MESSAGE(c.ok(), c.summary());
+      // Rows that see no key: dQ exactly 0.
+      for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+        for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+          for (std::int64_t k = 0; k < p.d; ++k) CHECK(g.dQ[(bh * p.Nq + i) * p.d + k] == 0.0f);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stage 07's backward mirror with L off by 0.05 (P off by 5%) fails the rule") {
+  for (flashstep::DType t : {flashstep::DType::kBf16, flashstep::DType::kFp16}) {
+    Problem p = make_problem(1, 2, 113, 203, 40, true);
+    p.dtype = t;
+    CAPTURE(p.describe());
+    const auto in = flashstep::random_inputs(p, 77);
+    const auto dO = flashstep::random_output_grad(p, 78);
+    const auto truth = flashstep::backward_truth(p, in, dO);
+    const auto g = stage07_mirror_grads(p, in, dO, 0.05f);
+    const auto c = flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+    CHECK_FALSE(c.ok());
+    CHECK_FALSE(c.dV.c.ok());
+  }
 }

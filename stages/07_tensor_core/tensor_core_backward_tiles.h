@@ -1,0 +1,52 @@
+/// \file tensor_core_backward_tiles.h
+/// \brief Tile shapes of stage 07's backward (FlashAttention-2, Algorithm 2,
+/// on tensor cores), shared by the kernels (tensor_core_backward.cuh), the
+/// closed-form model and the CPU mirror. CUDA-free.
+#pragma once
+
+#include <cstdint>
+
+namespace flashstep::tensor_core::bwd {
+
+/// Keys per K/V block (the paper's Bc): 4 key groups of 16, one m16 tile of
+/// rows each. A warp owns one key group for the whole life of the block
+/// (Kj, Vj, and the rows of dK_j and dV_j it accumulates), so the block's
+/// Bc is 16 times the key groups.
+inline constexpr int kKeyGroups = 4;
+inline constexpr int kBc = 16 * kKeyGroups;
+
+/// Query rows per streamed Q block (the paper's Br). 64: the S_ij^T and
+/// dP_ij^T accumulators of a warp, 16 keys x 64 queries each, take 32 fp32
+/// registers apiece beside dK_j's and dV_j's (d / kDSplit each): 192 in all at
+/// d = 128, inside the 255 a thread may hold.
+inline constexpr int kBr = 64;
+
+/// Warps splitting the head dimension of dK_j and dV_j: 1 up to d = 128, 2 at
+/// d = 256, where one warp's 16 x 256 rows of both would take 256 registers
+/// per thread. The two warps of a key group then each recompute the group's
+/// S^T and dP^T (the full d-long products) and keep half of dK_j's and dV_j's
+/// columns: 7/5 of the matmul work at d = 256, for no spilling.
+constexpr int d_split(int head_dim_bucket) { return head_dim_bucket > 128 ? 2 : 1; }
+
+/// Warps per block of the main (dK, dV) kernel.
+constexpr int warps(int head_dim_bucket) { return kKeyGroups * d_split(head_dim_bucket); }
+
+/// Columns of dQ one warp computes at a time from dS_ij K_j (fp32
+/// accumulators, 32 registers), before its atomic adds: bounded so that the
+/// dQ step adds no more than S^T did to the registers dK_j and dV_j hold.
+inline constexpr int kDQChunk = 64;
+
+/// The deterministic variant's dQ kernel: one block per (Q block, head), 4
+/// warps of 16 query rows (kBr = 64), streaming K/V blocks of kBc keys; its
+/// dQ accumulators take d / 2 registers per thread.
+inline constexpr int kDQWarps = 4;
+
+/// Grid y holds at most 65535 blocks; beyond that one block takes the same
+/// block of several heads.
+inline constexpr std::int64_t kMaxGridY = 65535;
+
+/// Rows of the pre-pass (D and L in log2 units, dQ's accumulator zeroed) per
+/// thread block: one warp per row.
+inline constexpr int kPrepRowsPerBlock = 8;
+
+}  // namespace flashstep::tensor_core::bwd
