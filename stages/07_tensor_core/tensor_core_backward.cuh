@@ -89,8 +89,7 @@ struct BackwardConfig {
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kWarpCols = kHeadDim / kDSplit;  // columns of dK_j, dV_j per warp
   static constexpr int kColTiles = kWarpCols / kMmaN;   // their n8 tiles
-  static constexpr int kQTiles = kBr / kMmaN;           // n8 tiles of S^T over the queries
-  static constexpr int kQSteps = kBr / kMmaK;           // k16 steps over the queries
+  static constexpr int kQTiles = kQSlice / kMmaN;      // n8 tiles of S^T over a query slice
   static constexpr int kKeySteps = kBc / kMmaK;         // k16 steps over the keys (dQ)
   static constexpr int kDSteps = kHeadDim / kMmaK;      // k16 steps over d (S^T, dP^T)
   static constexpr int kChunkTiles = kDQChunk / kMmaN;  // n8 tiles of a dQ chunk
@@ -337,43 +336,51 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
     // Every pair visible: the last key against the first query.
     const bool whole = keys_valid == kBc && (!p.causal || kBc - 1 <= diag);
 
-    float S[C::kQTiles][4];  // S^T, then P^T: rows keys, columns queries
-    product_abt<Elem, C::kHeadDim, C::kQTiles>(S, Kj, Qi, key_row0, at_a, at_bk);  // line 10
+    // The Q block's queries in slices of kQSlice: S^T and dP^T of one slice
+    // at a time, so their accumulators take half the registers.
+#pragma unroll 1
+    for (int qs = 0; qs < kBr; qs += kQSlice) {
+      float S[C::kQTiles][4];  // S^T, then P^T: rows keys, columns queries qs ..
+      product_abt<Elem, C::kHeadDim, C::kQTiles>(S, Kj, Qi + qs * C::kHeadDim, key_row0, at_a,
+                                                 at_bk);                     // line 10
 #pragma unroll
-    for (int nt = 0; nt < C::kQTiles; ++nt) {                                // line 11
+      for (int nt = 0; nt < C::kQTiles; ++nt) {                              // line 11
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key_row0 + g + 8 * (e / 2);
-        const int q = nt * kMmaN + 2 * t + e % 2;
-        const float P = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Ls[q]));
-        S[nt][e] = whole || visible(key, q, keys_valid, p.causal, diag) ? P : 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_row0 + g + 8 * (e / 2);
+          const int q = qs + nt * kMmaN + 2 * t + e % 2;
+          const float P = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Ls[q]));
+          S[nt][e] = whole || visible(key, q, keys_valid, p.causal, diag) ? P : 0.0f;
+        }
       }
-    }
-    product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi, col0, at_bv);  // line 12
-
-    float dP[C::kQTiles][4];  // dP^T, then dS^T
-    product_abt<Elem, C::kHeadDim, C::kQTiles>(dP, Vj, dOi, key_row0, at_a, at_bk);  // line 13
+      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim,
+                                                              col0, at_bv);  // line 12
+      float dP[C::kQTiles][4];  // dP^T, then dS^T
+      product_abt<Elem, C::kHeadDim, C::kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
+                                                 at_bk);                     // line 13
 #pragma unroll
-    for (int nt = 0; nt < C::kQTiles; ++nt) {                                // line 14
+      for (int nt = 0; nt < C::kQTiles; ++nt) {                              // line 14
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[nt * kMmaN + 2 * t + e % 2]);
+        for (int e = 0; e < 4; ++e) {
+          dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
+        }
       }
-    }
-    product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi, col0, at_bv);  // line 16
-
-    if constexpr (kAtomicDQ) {                                               // line 15
-      if (col0 == 0) {  // one warp of each key group writes its 16 keys of dS
+      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim,
+                                                              col0, at_bv);  // line 16
+      if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS
 #pragma unroll
         for (int nt = 0; nt < C::kQTiles; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = key_row0 + g + 8 * (e / 2);
-            const int q = nt * kMmaN + 2 * t + e % 2;
+            const int q = qs + nt * kMmaN + 2 * t + e % 2;
             dS[tile_offset<kBc, true>(q, key)] = from_float<Elem>(dP[nt][e]);
           }
         }
       }
+    }
+
+    if constexpr (kAtomicDQ) {
       __syncthreads();  // the whole dS tile is in
       // Warp w takes query rows 16 (w % 4) .. of dQ_i, at its columns.
       const int q_row0 = warp % kKeyGroups * kMmaM;

@@ -15,11 +15,16 @@ namespace flashstep::tensor_core::bwd {
 inline constexpr int kKeyGroups = 4;
 inline constexpr int kBc = 16 * kKeyGroups;
 
-/// Query rows per streamed Q block (the paper's Br). 64: the S_ij^T and
-/// dP_ij^T accumulators of a warp, 16 keys x 64 queries each, take 32 fp32
-/// registers apiece beside dK_j's and dV_j's (d / kDSplit each): 192 in all at
-/// d = 128, inside the 255 a thread may hold.
+/// Query rows per streamed Q block (the paper's Br): 64, one m16 tile of
+/// query rows per key group in the dQ step (below).
 inline constexpr int kBr = 64;
+
+/// Queries per slice of the S_ij^T and dP_ij^T accumulators: a warp computes
+/// them for 32 queries at a time, 16 fp32 registers each, beside dK_j's and
+/// dV_j's 2 d / kDSplit. With the whole Q block of 64 at once (32 each) ptxas
+/// spilled at d = 128 and 256 (72 bytes a thread); the slices cost two more
+/// loads of the warp's K and V fragments per Q block.
+inline constexpr int kQSlice = 32;
 
 /// Warps splitting the head dimension of dK_j and dV_j: 1 up to d = 128, 2 at
 /// d = 256, where one warp's 16 x 256 rows of both would take 256 registers
@@ -32,9 +37,11 @@ constexpr int d_split(int head_dim_bucket) { return head_dim_bucket > 128 ? 2 : 
 constexpr int warps(int head_dim_bucket) { return kKeyGroups * d_split(head_dim_bucket); }
 
 /// Columns of dQ one warp computes at a time from dS_ij K_j (fp32
-/// accumulators, 32 registers), before its atomic adds: bounded so that the
-/// dQ step adds no more than S^T did to the registers dK_j and dV_j hold.
-inline constexpr int kDQChunk = 64;
+/// accumulators, 16 registers), before its atomic adds: bounded so that the
+/// dQ step adds little to the registers dK_j and dV_j hold. ptxas -v on
+/// sm_90: with 64 columns the atomic kernel spills 44 bytes a thread at
+/// d = 128 and 24 at d = 256; with 32, 24 and 36 (README.md, "The backward").
+inline constexpr int kDQChunk = 32;
 
 /// The deterministic variant's dQ kernel: one block per (Q block, head), 4
 /// warps of 16 query rows (kBr = 64), streaming K/V blocks of kBc keys; its
