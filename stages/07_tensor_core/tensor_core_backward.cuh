@@ -386,7 +386,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
       const int q_row0 = warp % kKeyGroups * kMmaM;
       float* dQh = p.dQ_accum + (bh * p.Nq + q0) * p.d;  // [Nq - q0, d]
 #pragma unroll 1
-      for (int chunk = col0; chunk < col0 + C::kWarpCols; chunk += kDQChunk) {
+      for (int chunk = col0; chunk < col0 + C::kWarpCols && chunk < p.d; chunk += kDQChunk) {
         float acc[C::kChunkTiles][4];
 #pragma unroll
         for (int nt = 0; nt < C::kChunkTiles; ++nt) {

@@ -15,10 +15,11 @@
 // - Shared memory reads, as the warps load fragments: per visited row, the
 //   products S^T = K Q^T and dP^T = V dO^T read Qi's and dOi's d columns once
 //   per warp (W = 4 key groups times the d split) and each warp its own 16
-//   rows of Kj, Vj per Q block (both warps of a key group at d = 256); dV += P^T dO and dK += dS^T Q read dOi and Qi
-//   once per key group (each warp its columns); L and D once per key group;
-//   the atomic variant's dQ step reads dS's C_j per row and Kj's C_j d per
-//   Q block per query group of 16 rows.
+//   rows of Kj, Vj per slice of kQSlice queries (both warps of a key group
+//   at d = 256); dV += P^T dO and dK += dS^T Q read dOi and Qi once per key
+//   group (each warp its columns); L and D once per key group; the atomic
+//   variant's dQ step reads dS's C_j per row and Kj's C_j d per Q block per
+//   query group of 16 rows.
 // - Matmul FLOPs: the five products, 2 C_j d per row each; at d = 256 the two
 //   warps of a key group both compute S^T and dP^T (counted: executed work).
 //   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
@@ -53,6 +54,7 @@ Cost backward_model(const Problem& p) {
   const std::int64_t warps = bwd::warps(bucket);
   const std::int64_t Tc = ceil_div(p.Nk, bwd::kBc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
+  const std::int64_t slices = bwd::kBr / bwd::kQSlice;
   Cost head;
   for (std::int64_t j = 0; j < Tc; ++j) {
     const std::int64_t key0 = j * bwd::kBc;
@@ -70,7 +72,7 @@ Cost backward_model(const Problem& p) {
     head.hbm_read_bytes += 2 * C * d * e + rows * (2 * d * e + 2 * kFloatBytes);
     head.sram_write_bytes += 2 * C * d * e + rows * (2 * d * e + 2 * kFloatBytes);
     head.sram_read_bytes += rows * (2 * warps + 2 * bwd::kKeyGroups) * d * e +
-                            blocks * 2 * split * C * d * e + rows * bwd::kKeyGroups * 2 * kFloatBytes;
+                            blocks * slices * 2 * split * C * d * e + rows * bwd::kKeyGroups * 2 * kFloatBytes;
     const std::int64_t products = kAtomicDQ ? 5 : 4;
     head.matmul_flops += (products + 2 * (split - 1)) * 2 * rows * C * d;
     head.nonmatmul_flops += kFlopsPerScore * rows * C;

@@ -40,7 +40,8 @@ constexpr int warps(int head_dim_bucket) { return kKeyGroups * d_split(head_dim_
 /// accumulators, 16 registers), before its atomic adds: bounded so that the
 /// dQ step adds little to the registers dK_j and dV_j hold. ptxas -v on
 /// sm_90: with 64 columns the atomic kernel spills 44 bytes a thread at
-/// d = 128 and 24 at d = 256; with 32, 24 and 36 (README.md, "The backward").
+/// d = 128 and 24 at d = 256; with 32 (and no chunk past d), 24 at both
+/// (README.md, "The backward").
 inline constexpr int kDQChunk = 32;
 
 /// The deterministic variant's dQ kernel: one block per (Q block, head), 4

@@ -916,6 +916,10 @@ def backward16_body(rows):
                                              and int(r["Nq"]) == n]) for n in ns])
                          for s, label in BACKWARD16.items()
                          if any(r["stage"] == s for r in mine)]
+                if by_stage["07_tensor_core_deterministic"]:  # the cost of determinism
+                    lines.append(("deterministic / atomic dQ",
+                                  ratio_cells(by_stage["07_tensor_core_deterministic"],
+                                              by_stage["07_tensor_core"], ns)))
                 if by_stage["sdpa_flash_bf16"]:
                     lines.append(("07_tensor_core / FlashAttention-2",
                                   ratio_cells(by_stage["07_tensor_core"],
