@@ -204,3 +204,29 @@ TEST_CASE("stage 07's backward mirror with L off by 0.05 (P off by 5%) fails the
     CHECK_FALSE(c.dV.c.ok());
   }
 }
+
+TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with the deterministic dQ") {
+  const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
+  const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
+  // doctest cannot print a function pointer: compare as bools.
+  REQUIRE(static_cast<bool>(atomic->backward_model));
+  REQUIRE(static_cast<bool>(deterministic->backward_model));
+  Problem p = make_problem(1, 1, 256, 256, 64, false);
+  p.dtype = flashstep::DType::kBf16;
+  const std::int64_t n2d = 256 * 256 * 64;
+  CHECK(atomic->backward_model(p).matmul_flops == 10 * n2d);
+  // dK, dV's four products, then dq_kernel's S, dP and dS K.
+  CHECK(deterministic->backward_model(p).matmul_flops == 14 * n2d);
+  p.d = 256;  // both warps of a key group compute S^T and dP^T
+  CHECK(atomic->backward_model(p).matmul_flops == 14 * 4 * n2d);
+  // Causal, 64 x 64 blocks: K/V block j skips the j Q blocks above the diagonal.
+  p.d = 64;
+  p.causal = true;
+  CHECK(atomic->backward_model(p).skipped_tiles == 0 + 1 + 2 + 3);
+  // The atomic variant writes 4 bytes per dQ element and visited K/V block,
+  // and 4 more zeroing the accumulator; its conversion writes dQ as often as
+  // dq_kernel does.
+  p.causal = false;
+  const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
+  CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
+}
