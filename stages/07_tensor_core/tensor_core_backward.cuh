@@ -40,7 +40,9 @@
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
-// the dS tile. All tiles but L and D in the forward's swizzled layout
+// the dS tile. A warp computes S^T and dP^T for kQSlice = 32 queries of the
+// Q block at a time, which keeps their accumulators beside dK_j's and dV_j's
+// within the registers (tensor_core_backward_tiles.h). All tiles but L and D in the forward's swizzled layout
 // (tensor_core.cuh), whose fragment loaders this file reuses.
 #pragma once
 
