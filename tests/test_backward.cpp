@@ -4,6 +4,7 @@
 // against the low-precision gradient rule.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
 #include <tuple>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "07_tensor_core/tensor_core.h"
+#include "07_tensor_core/tensor_core_backward_tiles.h"
 #include "common/check.h"
 #include "common/reference.h"
 #include "common/rounding.h"
@@ -229,4 +231,34 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   p.causal = false;
   const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
   CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
+}
+
+TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the contract says so") {
+  namespace bwd = flashstep::tensor_core::bwd;
+  // Ragged edges, Nq > Nk (rows that see no key) and Nq < Nk (keys no row
+  // sees), and one shape far past the clamp of tile_diag.
+  for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {130, 67}, {67, 130},
+                        {200, 200}, {64, 1000}, {1000, 64}, {255, 257}}) {
+    for (bool causal : {false, true}) {
+      const Problem p = make_problem(1, 1, Nq, Nk, 8, causal);
+      CAPTURE(p.describe());
+      std::int64_t wrong = 0;
+      for (std::int64_t key0 = 0; key0 < Nk; key0 += bwd::kBc) {
+        const auto keys = static_cast<int>(std::min<std::int64_t>(bwd::kBc, Nk - key0));
+        // The Q blocks the dK, dV kernel visits for this K/V block.
+        const std::int64_t from = bwd::first_row(key0, Nq, Nk, causal) / bwd::kBr * bwd::kBr;
+        for (std::int64_t i = 0; i < Nq; ++i) {
+          const std::int64_t q0 = i / bwd::kBr * bwd::kBr;
+          const int diag = bwd::tile_diag(q0, key0, Nq, Nk);
+          const bool whole = bwd::whole_tile(keys, causal, diag);
+          for (int key = 0; key < keys; ++key) {
+            const bool kernel = q0 >= from && (whole || bwd::visible(key, static_cast<int>(i - q0),
+                                                                     keys, causal, diag));
+            wrong += kernel != (key0 + key < p.visible_keys(i));
+          }
+        }
+      }
+      CHECK(wrong == 0);
+    }
+  }
 }

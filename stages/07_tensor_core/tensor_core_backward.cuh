@@ -204,22 +204,6 @@ __device__ inline void product_ab(float (&acc)[kOutTiles][4], const float (&in)[
   }
 }
 
-/// Whether key `key` may be seen by query `q` (both offsets into their
-/// tiles) when the tile's top-left pair is at key0, q0: key < keys_valid
-/// and, causal, key - q <= diag = q0 + Nk - Nq - key0 (bottom-right mask,
-/// clamped by the caller to a range the offsets cannot pass).
-__device__ inline bool visible(int key, int q, int keys_valid, bool causal, int diag) {
-  return key < keys_valid && (!causal || key - q <= diag);
-}
-
-/// diag of visible() for a tile at (q0, key0), clamped to +-2 (kBr + kBc):
-/// beyond that every (or no) pair of the tile is visible.
-__device__ inline int tile_diag(std::int64_t q0, std::int64_t key0, int Nq, int Nk) {
-  constexpr std::int64_t kClamp = 2 * (kBr + kBc);
-  const std::int64_t diag = q0 + Nk - Nq - key0;
-  return static_cast<int>(diag < -kClamp ? -kClamp : diag > kClamp ? kClamp : diag);
-}
-
 /// Writes a warp's 16 x (kTiles * 8) accumulators, times `factor` and
 /// rounded to Elem, to rows row0 .. of a [rows_valid, d] global array at
 /// columns col0 ..; elements past rows_valid or d are not written. Element
@@ -294,17 +278,15 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
     for (int e = 0; e < 4; ++e) dK[nt][e] = dV[nt][e] = 0.0f;
   }
 
-  // The first query row that sees key0 (bottom-right causal: row r sees keys
-  // <= r + Nk - Nq); the Q blocks above it are skipped. Keys no row sees
-  // (causal, Nq < Nk) get dK = dV = 0.
-  const std::int64_t diagonal_row = static_cast<std::int64_t>(key0) + p.Nq - p.Nk;
-  const std::int64_t first_row = p.causal && diagonal_row > 0 ? diagonal_row : 0;
-  if (first_row >= p.Nq) {
+  // The Q blocks above the first row that sees key0 are skipped. Keys no row
+  // sees (causal, Nq < Nk) get dK = dV = 0.
+  const std::int64_t row_first = first_row(key0, p.Nq, p.Nk, p.causal);
+  if (row_first >= p.Nq) {
     store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, 0.0f);
     store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 0.0f);
     return;
   }
-  const int i_first = static_cast<int>(first_row / kBr);
+  const int i_first = static_cast<int>(row_first / kBr);
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
   const LaneOffsets<kBc> at_ds(a_point(lane));
@@ -335,8 +317,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
 
     const int q0 = i * kBr;
     const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
-    // Every pair visible: the last key against the first query.
-    const bool whole = keys_valid == kBc && (!p.causal || kBc - 1 <= diag);
+    const bool whole = whole_tile(keys_valid, p.causal, diag);
 
     // The Q block's queries in slices of kQSlice: S^T and dP^T of one slice
     // at a time, so their accumulators take half the registers.
@@ -533,7 +514,7 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
     const int key0 = j * kBc;
     const int keys_valid = min(kBc, p.Nk - key0);
     const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
-    const bool whole = keys_valid == kBc && (!p.causal || kBc - 1 <= diag);
+    const bool whole = whole_tile(keys_valid, p.causal, diag);
 
     float S[C::kKTiles][4];  // S, then P: rows queries, columns keys
     product_abt<Elem, C::kHeadDim, C::kKTiles>(S, Qw, Kj, 0, at_a, at_bk);

@@ -1,7 +1,8 @@
 // Stage 07's backward on the host (tensor_core.h, backward_mirror): the
 // kernels' tiles and loops (one K/V block of kBc keys at a time, the Q blocks
 // of kBr rows streaming past from the first that sees it, dQ summed in fp32
-// across K/V blocks as the atomics sum it) and their numerics in p.dtype, so
+// across K/V blocks as the atomics sum it), their mask (the same functions,
+// tensor_core_backward_tiles.h) and their numerics in p.dtype, so
 // that the low-precision rule (common/check.h) can be checked on the CPU
 // against what the GPU will compute. Sums run in a fixed order here; the
 // tensor cores' order differs only by fp32 rounding.
@@ -38,13 +39,18 @@ void backward_mirror(const Problem& p, const HostBackwardTensors& t) {
     }
     std::vector<float> dQ_accum(static_cast<std::size_t>(p.Nq) * d, 0.0f);
     for (std::int64_t key0 = 0; key0 < p.Nk; key0 += bwd::kBc) {
-      const std::int64_t keys = std::min<std::int64_t>(bwd::kBc, p.Nk - key0);
+      const auto keys = static_cast<int>(std::min<std::int64_t>(bwd::kBc, p.Nk - key0));
       std::vector<float> dK(static_cast<std::size_t>(keys) * d, 0.0f), dV(dK.size(), 0.0f);
-      const std::int64_t first_row = p.causal ? std::max<std::int64_t>(0, key0 + p.Nq - p.Nk) : 0;
-      for (std::int64_t q0 = first_row / bwd::kBr * bwd::kBr; q0 < p.Nq; q0 += bwd::kBr) {
-        for (std::int64_t i = q0; i < std::min(q0 + bwd::kBr, p.Nq); ++i) {
-          const std::int64_t seen = p.visible_keys(i);
-          for (std::int64_t j = key0; j < key0 + keys && j < seen; ++j) {
+      const std::int64_t row_first = bwd::first_row(key0, p.Nq, p.Nk, p.causal);
+      for (std::int64_t q0 = row_first / bwd::kBr * bwd::kBr; q0 < p.Nq; q0 += bwd::kBr) {
+        // The kernel's mask, pair by pair (a masked pair has P = 0 there).
+        const int diag = bwd::tile_diag(q0, key0, p.Nq, p.Nk);
+        const bool whole = bwd::whole_tile(keys, p.causal, diag);
+        for (int q = 0; q < bwd::kBr && q0 + q < p.Nq; ++q) {
+          const std::int64_t i = q0 + q;
+          for (int key = 0; key < keys; ++key) {
+            if (!whole && !bwd::visible(key, q, keys, p.causal, diag)) continue;
+            const std::int64_t j = key0 + key;
             float S = 0.0f, dP = 0.0f;
             for (std::size_t k = 0; k < d; ++k) {
               S += Q[i * p.d + k] * K[j * p.d + k];
@@ -54,8 +60,8 @@ void backward_mirror(const Problem& p, const HostBackwardTensors& t) {
             const float P16 = round_to_dtype(type, P);
             const float dS16 = round_to_dtype(type, P * (dP - D[i]));
             for (std::size_t k = 0; k < d; ++k) {
-              dV[(j - key0) * p.d + k] += P16 * dO[i * p.d + k];
-              dK[(j - key0) * p.d + k] += dS16 * Q[i * p.d + k];
+              dV[key * d + k] += P16 * dO[i * p.d + k];
+              dK[key * d + k] += dS16 * Q[i * p.d + k];
               dQ_accum[i * p.d + k] += dS16 * K[j * p.d + k];
             }
           }

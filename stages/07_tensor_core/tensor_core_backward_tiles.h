@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "common/host_device.h"
+
 namespace flashstep::tensor_core::bwd {
 
 /// Keys per K/V block (the paper's Bc): 4 key groups of 16, one m16 tile of
@@ -56,5 +58,39 @@ inline constexpr std::int64_t kMaxGridY = 65535;
 /// Rows of the pre-pass (D and L in log2 units, dQ's accumulator zeroed) per
 /// thread block: one warp per row.
 inline constexpr int kPrepRowsPerBlock = 8;
+
+/// The mask of one (Q block, K/V block) tile, as offsets into the tile: its
+/// top-left pair is (q0, key0), so key offset `key` (of keys_valid real keys)
+/// and query offset `q` form a visible pair when key < keys_valid and,
+/// causal (bottom-right: query r sees keys <= r + Nk - Nq), key - q <= diag
+/// with diag = q0 + Nk - Nq - key0. The kernels and the CPU mirror test
+/// every pair with these two functions.
+///
+/// tile_diag clamps diag to +-2 (kBr + kBc): beyond that every pair (or no
+/// pair) of the tile is visible alike, and the offsets stay small ints.
+FLASHSTEP_HOST_DEVICE constexpr int tile_diag(std::int64_t q0, std::int64_t key0, std::int64_t Nq,
+                                              std::int64_t Nk) {
+  constexpr std::int64_t kClamp = 2 * (kBr + kBc);
+  const std::int64_t diag = q0 + Nk - Nq - key0;
+  return static_cast<int>(diag < -kClamp ? -kClamp : diag > kClamp ? kClamp : diag);
+}
+
+FLASHSTEP_HOST_DEVICE constexpr bool visible(int key, int q, int keys_valid, bool causal,
+                                             int diag) {
+  return key < keys_valid && (!causal || key - q <= diag);
+}
+
+/// Whether every pair of the tile is visible (no mask to apply): all keys
+/// real, and, causal, the last key against the first query visible.
+FLASHSTEP_HOST_DEVICE constexpr bool whole_tile(int keys_valid, bool causal, int diag) {
+  return keys_valid == kBc && (!causal || kBc - 1 <= diag);
+}
+
+/// The first query row that sees key key0 (0 unless causal; Nq or more when
+/// no row does): the Q blocks above it are skipped.
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t first_row(std::int64_t key0, std::int64_t Nq,
+                                                       std::int64_t Nk, bool causal) {
+  return causal && key0 + Nq - Nk > 0 ? key0 + Nq - Nk : 0;
+}
 
 }  // namespace flashstep::tensor_core::bwd
