@@ -237,17 +237,22 @@ std::vector<const Stage*> with_backward() {
 
 struct Gradients {
   std::vector<float> dQ, dK, dV;
+  std::vector<float> O;  // the forward's O that the backward read
 };
 
 Gradients run_backward(const Stage& s, const Problem& p, const flashstep::Inputs& in,
                        const std::vector<float>& dO) {
   DeviceRun run(s, p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
   Gradients g;
-  run.run_backward(g.dQ, g.dK, g.dV);
+  run.run_backward(g.dQ, g.dK, g.dV, &g.O);
   return g;
 }
 
-void check_gradients(const Problem& p, const Gradients& got, const flashstep::BackwardTruth& want) {
+// The gradients against the truth for p.dtype, whose naive backward reads the
+// O the stage's backward read (common/check.h, backward_truth).
+void check_gradients(const Problem& p, const flashstep::Inputs& in, const std::vector<float>& dO,
+                     const Gradients& got) {
+  const auto want = flashstep::backward_truth(p, in, dO, &got.O);
   const auto c = flashstep::check_backward(p, got.dQ.data(), got.dK.data(), got.dV.data(), want);
   CHECK_MESSAGE(c.ok(), c.summary());
 }
@@ -271,7 +276,7 @@ TEST_CASE("every backward, in each of its types, matches the fp64 gradients on t
         const auto in = flashstep::random_inputs(p, seed++);
         const auto dO = flashstep::random_output_grad(p, seed++);
         const Gradients got = run_backward(*s, p, in, dO);
-        check_gradients(p, got, flashstep::backward_truth(p, in, dO));
+        check_gradients(p, in, dO, got);
         // Rows that see no key: exactly dQ = 0, never NaN.
         for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
           for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
@@ -308,7 +313,7 @@ TEST_CASE("more heads than a grid axis holds (B * H > 65535): every forward and 
       if (!s->backward) continue;
       for (DType t : s->backward_dtypes) {
         const Problem pt = typed(p, t);
-        check_gradients(pt, run_backward(*s, pt, in, dO), flashstep::backward_truth(pt, in, dO));
+        check_gradients(pt, in, dO, run_backward(*s, pt, in, dO));
       }
     }
   }
@@ -332,7 +337,7 @@ TEST_CASE("backward on logits beyond fp32 exp's range (~88.7) stays within the b
       for (float& x : in.Q) x = 4.0f + spread * x;
       for (float& x : in.K) x = 4.0f + spread * x;
       const auto dO = flashstep::random_output_grad(p, 79);
-      check_gradients(p, run_backward(*s, p, in, dO), flashstep::backward_truth(p, in, dO));
+      check_gradients(p, in, dO, run_backward(*s, p, in, dO));
     }
   }
 }
@@ -351,7 +356,7 @@ TEST_CASE("every backward, any finite softmax scale: negative, zero and large, c
           CAPTURE(p.describe());
           const auto in = flashstep::random_inputs(p, seed++);
           const auto dO = flashstep::random_output_grad(p, seed++);
-          check_gradients(p, run_backward(*s, p, in, dO), flashstep::backward_truth(p, in, dO));
+          check_gradients(p, in, dO, run_backward(*s, p, in, dO));
         }
       }
     }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 #include <sstream>
+#include <string>
 #include <utility>
 
 #include "error.h"
@@ -240,7 +241,8 @@ GradientCheck check_gradient(const float* got, const std::vector<double>& want,
 
 }  // namespace
 
-BackwardTruth backward_truth(const Problem& p, const Inputs& in, const std::vector<float>& dO) {
+BackwardTruth backward_truth(const Problem& p, const Inputs& in, const std::vector<float>& dO,
+                             const std::vector<float>* O_read) {
   BackwardTruth truth;
   truth.dtype = p.dtype;
   if (p.dtype == DType::kFp32) {
@@ -253,8 +255,23 @@ BackwardTruth backward_truth(const Problem& p, const Inputs& in, const std::vect
     round_to_dtype(p.dtype, x->data(), static_cast<std::int64_t>(x->size()));
   }
   truth.reference = reference_backward(p, r.Q.data(), r.K.data(), r.V.data(), dO16.data());
-  truth.naive = naive_low_precision_backward(p, r.Q.data(), r.K.data(), r.V.data(), dO16.data());
-  const std::vector<double> O = naive_low_precision_rows(p, r.Q.data(), r.K.data(), r.V.data(), 1);
+  if (O_read != nullptr) {
+    if (O_read->size() != static_cast<size_t>(p.q_elems())) {
+      throw Error("backward_truth: O has " + std::to_string(O_read->size()) +
+                  " elements, the problem " + std::to_string(p.q_elems()));
+    }
+    const ForwardCheck forward = check_forward(p, O_read->data(), nullptr, forward_truth(p, in));
+    if (!forward.ok()) {
+      throw Error("backward_truth: the O the backward read fails the forward's rule: " +
+                  forward.summary());
+    }
+  }
+  const std::vector<double> O =
+      O_read != nullptr ? std::vector<double>(O_read->begin(), O_read->end())
+                        : naive_low_precision_rows(p, r.Q.data(), r.K.data(), r.V.data(), 1);
+  std::vector<float> O32(O.begin(), O.end());
+  truth.naive = naive_low_precision_backward(p, r.Q.data(), r.K.data(), r.V.data(), dO16.data(),
+                                             O32.data());
   const auto [dQ, dK] = cancellation_floors(p, r, dO16, O);
   truth.floor_dQ = kFp32GradTolerance.atol + dQ;
   truth.floor_dK = kFp32GradTolerance.atol + dK;

@@ -154,7 +154,19 @@ ForwardCheck check_forward(const Problem& p, const float* O, const float* L,
 ///   max |dX - dX_ref| <= 2 max |dX_naive - dX_ref| + floor_X
 ///
 /// where dX_ref is the fp64 gradient of the inputs (Q, K, V and dO) rounded to
-/// the type and dX_naive is naive_low_precision_backward's (reference.h).
+/// the type and dX_naive is naive_low_precision_backward's (reference.h),
+/// reading the same O as the stage's backward. O is an input of the backward
+/// (FlashAttention's too: D = rowsum(dO o O) comes from the forward's output),
+/// and its rounding to the type is the forward's error, held to the forward's
+/// rule, as the inputs' rounding is no one's. A naive backward that read its
+/// own O would carry other roundings of O, and D passes them on uncancelled
+/// (dS_ij = P_ij (dP_ij - D_i) moves by P_ij times dO_i . (O_i's error)): at
+/// small d, where D sums few of them, correct backwards missed the bound
+/// against that naive in about 1 seed in 100 (d = 1, fp16: dK off by 0.002
+/// against a bound of 0.00115 from a naive error of 0.0005). With the same O
+/// the two round alike, and no output-rounding term is needed: over 150 seeds
+/// at d = 1 and 16 and the ragged grid, stage 07's mirror stays within 0.65
+/// of the bound.
 /// The floor is larger than the forward's, for the cancellation in
 /// dS = P o (dP - D): dP_ij = dO_i . V_j and D_i = dO_i . O_i are two fp32
 /// sums of d products that nearly agree (O_i is a weighted mean of the V_j),
@@ -173,7 +185,7 @@ ForwardCheck check_forward(const Problem& p, const float* O, const float* L,
 /// P; u is the type's unit roundoff, dS's rounding to it), plus the fp32
 /// gradient bound's absolute part kFp32GradTolerance.atol; floor_dV is that
 /// absolute part alone (dV = P^T dO subtracts nothing). The bound is
-/// computed in fp64 from the rounded inputs and the naive O.
+/// computed in fp64 from the rounded inputs and the O the naive reads.
 struct BackwardTruth {
   DType dtype = DType::kFp32;    ///< the element type the inputs were rounded to
   ReferenceGradients reference;  ///< fp64 dQ [B,H,Nq,d], dK and dV [B,H,Nk,d]
@@ -185,8 +197,15 @@ struct BackwardTruth {
 
 /// The truth for p.dtype from the host inputs and dO as drawn (fp32, not yet
 /// rounded: this rounds copies, as the runner rounds what it sends to the
-/// device). Every row: the backward's gradients depend on every row.
-BackwardTruth backward_truth(const Problem& p, const Inputs& in, const std::vector<float>& dO);
+/// device). Every row: the backward's gradients depend on every row. O_read:
+/// the forward's O [B,H,Nq,d] that the stage's backward read (in p.dtype, as
+/// DeviceRun::run_backward returns it); the naive backward reads it too. It
+/// must pass the forward's rule (check_forward), or this throws
+/// flashstep::Error: a wrong O would loosen the bound. Null: the naive reads
+/// its own O (naive_low_precision_rows), for a check without the stage's O.
+/// Unused in fp32.
+BackwardTruth backward_truth(const Problem& p, const Inputs& in, const std::vector<float>& dO,
+                             const std::vector<float>* O_read = nullptr);
 
 /// The verdict on one gradient.
 struct GradientCheck {

@@ -127,8 +127,11 @@ std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, c
 }
 
 ReferenceGradients naive_low_precision_backward(const Problem& p, const float* Q, const float* K,
-                                                const float* V, const float* dO) {
-  const std::vector<double> O = naive_low_precision_rows(p, Q, K, V, 1);
+                                                const float* V, const float* dO,
+                                                const float* O_given) {
+  const std::vector<double> O = O_given != nullptr
+                                    ? std::vector<double>(O_given, O_given + p.q_elems())
+                                    : naive_low_precision_rows(p, Q, K, V, 1);
   const auto scale = static_cast<float>(p.softmax_scale());
   const DType t = p.dtype;
   const auto d = static_cast<size_t>(p.d);
