@@ -213,9 +213,10 @@ TEST_CASE("stage 07's backward mirror with L off by 0.05 (P off by 5%) fails the
 TEST_CASE("stage 07's backward mirror at d = 1 and 16: passes when the naive reads its O") {
   // The GPU test's one failure (07_tensor_core_deterministic, fp16, d = 1,
   // seeds 3188 and 3189: dK[199] = 2.71875 against 2.720814, bound 0.00115),
-  // which the mirror reproduces bit for bit, and the seeds of a sweep that
-  // failed 1 to 2 in 150 each while the naive read its own O: D = dO . O
-  // passes O's rounding on uncancelled when d is small (common/check.h).
+  // which the mirror reproduces bit for bit, and the seeds on which CPU
+  // sweeps (about 1 in 100 at d = 1 and 16) failed while the naive read its
+  // own O: D = dO . O passes O's rounding on uncancelled when d is small
+  // (common/check.h). Each fails against the naive's own O, passes here.
   struct Case {
     std::int64_t B, H, Nq, Nk, d;
     bool causal;
