@@ -18,15 +18,16 @@ key j iff j <= i + Nk - Nq), unlike SDPA's is_causal (top-left) when Nq != Nk.
 The kernels run on torch's current stream.
 
 The backward, for a stage that has one (backward_stages(): 02_safe_softmax,
-05_sequence_parallel), by hand or through autograd:
+05_sequence_parallel, 07_tensor_core, 07_tensor_core_deterministic), by hand
+or through autograd:
 
     dq, dk, dv = flashstep.backward(q, k, v, o, lse, do, stage="05", causal=True)
     o = flashstep.attention(q, k, v, stage="05", causal=True)  # q, k, v requires_grad
     (o * do).sum().backward()                                  # q.grad, k.grad, v.grad
 
 o and lse must be what forward() returned for the same stage and arguments;
-do is the loss's gradient in o, shaped like o. The backwards run in float32
-only (backward_dtypes(stage)). flashstep.Attention is the
+do is the loss's gradient in o, shaped like o. Stages 02 and 05's backwards
+run in float32, stage 07's in bfloat16 and float16 (backward_dtypes(stage)). flashstep.Attention is the
 torch.autograd.Function behind attention() (Attention.apply(q, k, v, stage,
 causal, scale)); it supports one backward, not double backward.
 
@@ -349,7 +350,7 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
     (02_safe_softmax: P) has its forward re-run by the library first
     (stages/capi/flashstep.h). Queued on torch's current stream;
     FlashstepError (ESTAGE) for a stage without a backward, or one whose
-    backward does not run in q's dtype (backward_dtypes: float32 today)."""
+    backward does not run in q's dtype (backward_dtypes)."""
     import torch
 
     _require_backward(stage)
@@ -560,6 +561,47 @@ def _reference_grads(torch, q, k, v, do, causal, scale):
     return q64.grad, k64.grad, v64.grad
 
 
+def _grad_truth(torch, q, k, v, do, causal, scale, dtype):
+    """What a backward running in `dtype` is checked against (common/check.h,
+    BackwardTruth): ((q, k, v, do) rounded to dtype, fp64 (dq, dk, dv) from them,
+    the bounds on each). The bounds are None in float32 (GRAD_ATOL + GRAD_RTOL |g|,
+    elementwise); in 16 bits FlashAttention's rule, twice the error of the naive
+    backward in that dtype plus a floor: GRAD_ATOL, and for dq and dk the fp32
+    error bound of the cancellation in dS = P o (dP - D)."""
+    qd, kd, vd, dod = (t.to(dtype) for t in (q, k, v, do))
+    want = _reference_grads(torch, qd, kd, vd, dod, causal, scale)
+    if dtype == torch.float32:
+        return (qd, kd, vd, dod), want, None
+    Nq, Nk, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qf, kf, vf, dof = (t.float() for t in (qd, kd, vd, dod))
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(Nq, device=q.device)[:, None]
+        j = torch.arange(Nk, device=q.device)[None, :]
+        mask = j <= i + (Nk - Nq)  # True: may attend
+        s = s.masked_fill(~mask, -math.inf).masked_fill(~mask.any(dim=-1)[:, None], 0.0)
+        p = torch.softmax(s, dim=-1).masked_fill(~mask, 0.0)
+    else:
+        p = torch.softmax(s, dim=-1)
+    o = (p.to(dtype).float() @ vf).to(dtype).float()  # the naive forward's o
+    D = (dof * o).sum(-1, keepdim=True)
+    ds = (p * (dof @ vf.transpose(-1, -2) - D)).to(dtype).float()
+    naive = ((scale * (ds @ kf)).to(dtype), (scale * (ds.transpose(-1, -2) @ qf)).to(dtype),
+             (p.to(dtype).float().transpose(-1, -2) @ dof).to(dtype))
+    unit = 2.0 ** -11 if dtype == torch.float16 else 2.0 ** -8
+    gamma = (d + 2) * 2.0 ** -24 / (1 - (d + 2) * 2.0 ** -24) * (1 + unit)
+    ad, av, ak, aq = (t.double().abs() for t in (dod, vd, kd, qd))
+    ds_error = p.double() * gamma * (ad @ av.transpose(-1, -2) +
+                                     (ad * o.double().abs()).sum(-1, keepdim=True))
+    floors = (GRAD_ATOL + abs(scale) * (ds_error @ ak).max().item(),
+              GRAD_ATOL + abs(scale) * (ds_error.transpose(-1, -2) @ aq).max().item(),
+              GRAD_ATOL)
+    bounds = tuple(2 * (n.double() - w).abs().max().item() + f
+                   for n, w, f in zip(naive, want, floors))
+    return (qd, kd, vd, dod), want, bounds
+
+
 def _compare(torch, got, want, atol=ATOL, rtol=RTOL):
     """(max abs error, elements outside the bound); infinities must match exactly."""
     got = got.double()
@@ -593,27 +635,36 @@ def _expect(what, fn, exc_type, fragment, code=None):
 
 
 def _selftest_backward(torch, dev, gen):
-    """Each stage's backward against fp64 autograd, by backward() and through
-    attention(); prints a line per stage and returns the number that failed."""
+    """Each stage's backward, in each dtype it runs in, against fp64 autograd (in
+    16 bits by the gradients' rule, _grad_truth), by backward() and through
+    attention(); prints a line per stage and dtype, returns the number that failed."""
     problems = []
     for B, H, Nq, Nk, d, causal, scale in BACKWARD_PROBLEMS:
         q, k, v = _inputs(torch, B, H, Nq, Nk, d, dev, gen)
         do = torch.randn((B, H, Nq, d), generator=gen, device=dev)  # zero mean, as dO is
-        problems.append((q, k, v, do, causal, scale,
-                         _reference_grads(torch, q, k, v, do, causal, scale)))
+        problems.append((q, k, v, do, causal, scale))
     failures = 0
-    for stage in backward_stages():
+    for stage, name in [(s, n) for s in backward_stages() for n in backward_dtypes(s)]:
+        dtype = TORCH_DTYPES[name]
         worst = [0.0, 0.0, 0.0]  # dq, dk, dv
         worst_autograd = 0.0
         bad = 0
         notes = []
+
+        def compare(got, want, bound):
+            if bound is None:
+                return _compare(torch, got, want, GRAD_ATOL, GRAD_RTOL)
+            return _compare(torch, got, want, atol=bound, rtol=0.0)
+
         try:
-            for q, k, v, do, causal, scale, want in problems:
+            truths = [_grad_truth(torch, *t, dtype) for t in problems]
+            for ((q, k, v, do), want, bounds), (_, _, _, _, causal, scale) in zip(truths, problems):
+                bounds = bounds or (None, None, None)
                 o, lse = forward(q, k, v, stage=stage, causal=causal, scale=scale)
                 o_before, lse_before = o.clone(), lse.clone()
                 got = backward(q, k, v, o, lse, do, stage=stage, causal=causal, scale=scale)
-                for i, (g, w) in enumerate(zip(got, want)):
-                    e, n = _compare(torch, g, w, GRAD_ATOL, GRAD_RTOL)
+                for i, (g, w, b) in enumerate(zip(got, want, bounds)):
+                    e, n = compare(g, w, b)
                     worst[i], bad = max(worst[i], e), bad + n
                 if not (torch.equal(o, o_before) and torch.equal(lse, lse_before)):
                     notes.append("backward wrote o or lse")
@@ -625,17 +676,20 @@ def _selftest_backward(torch, dev, gen):
                     notes.append("attention()'s o differs from forward()'s")
                     bad += 1
                 (o_auto * do).sum().backward()
-                for leaf, w in zip(leaves, want):
-                    e, n = _compare(torch, leaf.grad, w, GRAD_ATOL, GRAD_RTOL)
+                for leaf, w, b in zip(leaves, want, bounds):
+                    e, n = compare(leaf.grad, w, b)
                     worst_autograd, bad = max(worst_autograd, e), bad + n
             # o.sum() hands the backward a stride-0 gradient; only q needs one here.
-            q, k, v, do, causal, scale, _ = problems[1]
+            # In 16 bits dq's atomics may round the two runs one unit apart.
+            (q, k, v, _), _, _ = truths[1]
+            causal, scale = problems[1][4], problems[1][5]
             q_leaf = q.clone().requires_grad_()
             attention(q_leaf, k, v, stage=stage, causal=causal, scale=scale).sum().backward()
             o, lse = forward(q, k, v, stage=stage, causal=causal, scale=scale)
             dq_ones, _, _ = backward(q, k, v, o, lse, torch.ones_like(o), stage=stage,
                                      causal=causal, scale=scale)
-            if _compare(torch, q_leaf.grad, dq_ones.double(), GRAD_ATOL, GRAD_RTOL)[1]:
+            rtol = GRAD_RTOL if dtype == torch.float32 else 2.0 ** -7
+            if _compare(torch, q_leaf.grad, dq_ones.double(), GRAD_ATOL, rtol)[1]:
                 notes.append("o.sum().backward() differs from backward() with do = 1")
                 bad += 1
             torch.cuda.synchronize()
@@ -644,7 +698,7 @@ def _selftest_backward(torch, dev, gen):
             bad += 1
         status = "ok" if bad == 0 else "FAIL"
         failures += bad != 0
-        print(f"  {stage:<24} backward: max err dQ {worst[0]:.1e}  dK {worst[1]:.1e}  "
+        print(f"  {stage:<24} {name} backward: max err dQ {worst[0]:.1e}  dK {worst[1]:.1e}  "
               f"dV {worst[2]:.1e}  autograd {worst_autograd:.1e}  {status}"
               + (f"  ({'; '.join(notes)})" if notes else ""))
     return failures
@@ -772,7 +826,7 @@ def selftest():
          None),
         ("bf16 on a stage that runs in fp32 only", lambda: forward(qb, kb, vb, stage="04_fa2_q_outer"),
          FlashstepError, "04_fa2_q_outer does not run in bf16 (it runs in fp32)", ESTAGE),
-        ("backward in bf16 (the backwards are fp32)", backward_in_bf16, FlashstepError,
+        ("backward in bf16 on stage 02 (its backward is fp32)", backward_in_bf16, FlashstepError,
          "02_safe_softmax's backward does not run in bf16 (it runs in fp32)", ESTAGE),
         ("ABI typed: bf16 Q at an odd address", lambda: raw_typed(DTYPE_CODES["bf16"],
                                                                  qb.data_ptr() + 1),

@@ -446,6 +446,8 @@ TEST_CASE("capi: each stage's element types, as flashstep_dtype bits") {
   CHECK(flashstep_stage_dtypes("01") == 1 << FLASHSTEP_FP32);
   CHECK(flashstep_stage_backward_dtypes("02") == 1 << FLASHSTEP_FP32);
   CHECK(flashstep_stage_backward_dtypes("01") == 0);  // no backward
+  CHECK(flashstep_stage_backward_dtypes("07_tensor_core") ==
+        ((1 << FLASHSTEP_FP16) | (1 << FLASHSTEP_BF16)));
   CHECK(flashstep_stage_dtypes("no_such_stage") == -1);
   CHECK(flashstep_stage_backward_dtypes("no_such_stage") == -1);
   CHECK(last_error().find("unknown stage 'no_such_stage'") != std::string::npos);
@@ -499,7 +501,7 @@ TEST_CASE("capi typed: 16-bit tensors are aligned to 2 bytes and sized at 2 byte
   }
 }
 
-TEST_CASE("capi typed backward: the backwards run in fp32 only, other types are ESTAGE") {
+TEST_CASE("capi typed backward: a type the stage's backward does not run in is ESTAGE") {
   BackwardCall c;
   auto run_typed = [&](const char* stage, int dtype) {
     return flashstep_backward_typed(stage, dtype, c.B, c.H, c.Nq, c.Nk, c.d, 0, 0.0, c.Q, c.K,
@@ -507,6 +509,9 @@ TEST_CASE("capi typed backward: the backwards run in fp32 only, other types are 
   };
   CHECK(run_typed("02", FLASHSTEP_BF16) == FLASHSTEP_ESTAGE);
   CHECK(last_error() == "stage 02_safe_softmax's backward does not run in bf16 (it runs in fp32)");
+  CHECK(run_typed("07_tensor_core", FLASHSTEP_FP32) == FLASHSTEP_ESTAGE);
+  CHECK(last_error() ==
+        "stage 07_tensor_core's backward does not run in fp32 (it runs in bf16, fp16)");
   CHECK(run_typed("04", FLASHSTEP_FP32) == FLASHSTEP_ESTAGE);
   CHECK(last_error().find("has no backward pass") != std::string::npos);
   CHECK(run_typed("05", -1) == FLASHSTEP_EINVAL);

@@ -386,8 +386,10 @@ TEST_CASE("cli: model --backward prints the backwards' model with their device m
   CHECK(r.out.find("device memory") != std::string::npos);
   CHECK(r.out.find("02_safe_softmax,") != std::string::npos);
   CHECK(r.out.find("05_sequence_parallel,") != std::string::npos);
+  CHECK(r.out.find("07_tensor_core,bf16,") != std::string::npos);  // in its native type
+  CHECK(r.out.find("07_tensor_core_deterministic,bf16,") != std::string::npos);
   CHECK(r.out.find("01_naive") == std::string::npos);  // no backward: not listed
-  CHECK(count_lines(r.out) == 3);
+  CHECK(count_lines(r.out) == 5);
   // The standard backward holds P and dS: 2 * 32 * 16384^2 floats, and more.
   const auto& s02 = *flashstep::select_stages("02").front();
   const auto& s05 = *flashstep::select_stages("05").front();
@@ -407,15 +409,15 @@ TEST_CASE("cli: --dtype picks the element type, stages without it are skipped wi
   CHECK_THROWS_WITH_AS(parse_args({"--dtype", "fp64"}),
                        "--dtype must be fp32, fp16 or bf16, got 'fp64'", Error);
 
-  // Stages 02, 03, 07_tensor_core, 08_hopper and both entries of 09 run in
-  // fp16 (07's and 08's
-  // ablation steps in bf16 only); the rest are named once on stderr.
+  // Stages 02, 03, 07_tensor_core (and its deterministic-backward entry),
+  // 08_hopper and both entries of 09 run in fp16 (07's and 08's ablation
+  // steps in bf16 only); the rest are named once on stderr.
   const Result r = run_cli({"model", "--dtype", "fp16", "--N", "256", "--format", "csv"});
   REQUIRE(r.code == 0);
   CHECK(count_lines(r.err) == 1);
   CHECK(r.err.find("--dtype fp16: skipping 01_naive, 04_fa2_q_outer") != std::string::npos);
   CHECK(r.err.find("07_step1_plain_mma") != std::string::npos);
-  CHECK(count_lines(r.out) == 7);
+  CHECK(count_lines(r.out) == 8);
   CHECK(r.out.find("08_hopper,fp16,") != std::string::npos);
   CHECK(r.out.find("02_safe_softmax,fp16,") != std::string::npos);
   CHECK(r.out.find("03_fa1_kv_outer,fp16,") != std::string::npos);
@@ -431,12 +433,14 @@ TEST_CASE("cli: --dtype picks the element type, stages without it are skipped wi
                       "02_safe_softmax, 03_fa1_kv_outer, 07_step1_plain_mma") != std::string::npos);
   CHECK(none.out.empty());
 
-  // The backwards run in fp32 only: --backward in 16 bits is a clear error.
-  const Result bwd = run_cli({"--backward", "--dtype", "bf16"});
+  // Stages 02 and 05's backwards run in fp32 only: --backward in 16 bits on
+  // them alone is a clear error naming the backwards that do.
+  const Result bwd = run_cli({"--backward", "--dtype", "bf16", "--stage", "02,05"});
   CHECK(bwd.code == 2);
   CHECK(count_lines(bwd.err) == 1);
   CHECK(bwd.err.find("no selected stage has a backward in bf16 (these have one: "
-                     "02_safe_softmax (fp32), 05_sequence_parallel (fp32))") != std::string::npos);
+                     "02_safe_softmax (fp32), 05_sequence_parallel (fp32), 07_tensor_core "
+                     "(bf16, fp16)") != std::string::npos);
 }
 
 TEST_CASE("cli: model counts 2-byte elements in fp16 and bf16") {

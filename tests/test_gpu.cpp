@@ -1,8 +1,8 @@
 // The shared GPU test body: every selected stage, in each element type it
 // runs in, against the fp64 reference on the ragged grid, causal and not,
 // outputs poisoned before each run. fp32 is held to kFp32Tolerance, fp16 and
-// bf16 to FlashAttention's rule (common/check.h); the backwards, fp32 only
-// today, to kFp32GradTolerance.
+// bf16 to FlashAttention's rule (common/check.h); the backwards likewise, in
+// each type they run in (kFp32GradTolerance, or the gradients' rule).
 //
 //   test_gpu --stage=03     stages whose name starts "03_" (what CTest runs)
 //   test_gpu                every registered stage
@@ -284,55 +284,66 @@ TEST_CASE("two runs on the same input give bit-identical outputs (no races)") {
 
 namespace {
 
-// The stages whose backward runs in fp32: the backward tests run in fp32,
-// the one type any backward has today, against kFp32GradTolerance.
+// The stages that have a backward; each runs in its backward_dtypes, fp32
+// held to kFp32GradTolerance, fp16 and bf16 to the low-precision gradient
+// rule (common/check.h, BackwardTruth).
 std::vector<const Stage*> with_backward() {
   std::vector<const Stage*> out;
   for (const Stage* s : selected()) {
-    if (s->backward_supports(DType::kFp32)) out.push_back(s);
+    if (s->backward && !s->backward_dtypes.empty()) out.push_back(s);
   }
   return out;
 }
 
 struct Gradients {
   std::vector<float> dQ, dK, dV;
+  std::vector<float> O;  // the forward's O that the backward read
 };
 
 Gradients run_backward(const Stage& s, const Problem& p, const flashstep::Inputs& in,
                        const std::vector<float>& dO) {
   DeviceRun run(s, p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
   Gradients g;
-  run.run_backward(g.dQ, g.dK, g.dV);
+  run.run_backward(g.dQ, g.dK, g.dV, &g.O);
   return g;
 }
 
-void check_gradients(const Gradients& got, const flashstep::ReferenceGradients& want) {
-  const auto dq = flashstep::compare(got.dQ.data(), want.dQ, flashstep::kFp32GradTolerance);
-  const auto dk = flashstep::compare(got.dK.data(), want.dK, flashstep::kFp32GradTolerance);
-  const auto dv = flashstep::compare(got.dV.data(), want.dV, flashstep::kFp32GradTolerance);
-  CHECK_MESSAGE(dq.ok(), "dQ: " << dq.summary());
-  CHECK_MESSAGE(dk.ok(), "dK: " << dk.summary());
-  CHECK_MESSAGE(dv.ok(), "dV: " << dv.summary());
+// The gradients against the truth for p.dtype, whose naive backward reads the
+// O the stage's backward read (common/check.h, backward_truth).
+void check_gradients(const Problem& p, const flashstep::Inputs& in, const std::vector<float>& dO,
+                     const Gradients& got) {
+  const auto want = flashstep::backward_truth(p, in, dO, &got.O);
+  const auto c = flashstep::check_backward(p, got.dQ.data(), got.dK.data(), got.dV.data(), want);
+  CHECK_MESSAGE(c.ok(), c.summary());
+}
+
+// Whether the stage promises bit-identical dQ from run to run (its name says
+// so: 07_tensor_core_deterministic); the others may sum dQ by atomics.
+bool deterministic_dq(const Stage& s) {
+  return s.name.find("deterministic") != std::string_view::npos;
 }
 
 }  // namespace
 
-TEST_CASE("every backward matches the fp64 gradients on the ragged grid, causal and not") {
+TEST_CASE("every backward, in each of its types, matches the fp64 gradients on the ragged grid") {
   std::uint64_t seed = 3000;
   for (const Stage* s : with_backward()) {
-    for (const Problem& p : flashstep::test::ragged_problems()) {
-      CAPTURE(s->name);
-      CAPTURE(p.describe());
-      const auto in = flashstep::random_inputs(p, seed++);
-      const auto dO = flashstep::random_output_grad(p, seed++);
-      const Gradients got = run_backward(*s, p, in, dO);
-      check_gradients(got, flashstep::reference_backward(p, in.Q.data(), in.K.data(),
-                                                         in.V.data(), dO.data()));
-      // Rows that see no key: exactly dQ = 0, never NaN.
-      for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
-        for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
-          for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.dQ[(bh * p.Nq + i) * p.d + k] == 0.0f);
+    for (DType t : s->backward_dtypes) {
+      for (const Problem& ragged : flashstep::test::ragged_problems()) {
+        const Problem p = typed(ragged, t);
+        CAPTURE(s->name);
+        CAPTURE(p.describe());
+        const auto in = flashstep::random_inputs(p, seed++);
+        const auto dO = flashstep::random_output_grad(p, seed++);
+        const Gradients got = run_backward(*s, p, in, dO);
+        check_gradients(p, in, dO, got);
+        // Rows that see no key: exactly dQ = 0, never NaN.
+        for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+          for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+            for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.dQ[(bh * p.Nq + i) * p.d + k] == 0.0f);
+          }
         }
+        for (const auto* g : {&got.dQ, &got.dK, &got.dV}) CHECK(all_finite(*g));
       }
     }
   }
@@ -352,8 +363,6 @@ TEST_CASE("more heads than a grid axis holds (B * H > 65535): every forward and 
     CAPTURE(p.describe());
     const auto in = flashstep::random_inputs(p, 93);
     const auto dO = flashstep::random_output_grad(p, 94);
-    const auto ref_grad =
-        flashstep::reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
     for (const Stage* s : selected()) {
       CAPTURE(s->name);
       for (DType t : s->dtypes) {
@@ -361,28 +370,56 @@ TEST_CASE("more heads than a grid axis holds (B * H > 65535): every forward and 
         CAPTURE(pt.describe());
         check_outputs(*s, pt, run_stage(*s, pt, in), flashstep::forward_truth(pt, in));
       }
-      if (s->backward_supports(DType::kFp32)) {
-        check_gradients(run_backward(*s, p, in, dO), ref_grad);
+      if (!s->backward) continue;
+      for (DType t : s->backward_dtypes) {
+        const Problem pt = typed(p, t);
+        check_gradients(pt, in, dO, run_backward(*s, pt, in, dO));
       }
     }
   }
 }
 
 TEST_CASE("backward on logits beyond fp32 exp's range (~88.7) stays within the bound") {
-  Problem p;
-  p.B = 1;
-  p.H = 2;
-  p.Nq = 37;
-  p.Nk = 45;
-  p.d = 64;
-  auto in = flashstep::random_inputs(p, 78);
-  for (float& x : in.Q) x = 4.0f + 0.01f * x;  // logits near 128, as in the forward's test
-  for (float& x : in.K) x = 4.0f + 0.01f * x;
-  const auto dO = flashstep::random_output_grad(p, 79);
-  const auto want = flashstep::reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
   for (const Stage* s : with_backward()) {
-    CAPTURE(s->name);
-    check_gradients(run_backward(*s, p, in, dO), want);
+    for (DType t : s->backward_dtypes) {
+      Problem p;
+      p.B = 1;
+      p.H = 2;
+      p.Nq = 37;
+      p.Nk = 45;
+      p.d = 64;
+      p.dtype = t;
+      CAPTURE(s->name);
+      CAPTURE(p.describe());
+      auto in = flashstep::random_inputs(p, 78);
+      // Logits near 128, as in the forward's test (its spread, for the same reason).
+      const float spread = t == DType::kFp32 ? 0.01f : 0.25f;
+      for (float& x : in.Q) x = 4.0f + spread * x;
+      for (float& x : in.K) x = 4.0f + spread * x;
+      const auto dO = flashstep::random_output_grad(p, 79);
+      check_gradients(p, in, dO, run_backward(*s, p, in, dO));
+    }
+  }
+}
+
+TEST_CASE("every backward, any finite softmax scale: negative, zero and large, causal and not") {
+  const double scales[] = {-0.5, 0.0, 1.0};
+  std::uint64_t seed = 4500;
+  for (const Stage* s : with_backward()) {
+    for (DType t : s->backward_dtypes) {
+      for (double scale : scales) {
+        for (bool causal : {false, true}) {
+          Problem p = flashstep::test::make_problem(1, 2, 97, 131, 64, causal);
+          p.dtype = t;
+          p.scale = scale;
+          CAPTURE(s->name);
+          CAPTURE(p.describe());
+          const auto in = flashstep::random_inputs(p, seed++);
+          const auto dO = flashstep::random_output_grad(p, seed++);
+          check_gradients(p, in, dO, run_backward(*s, p, in, dO));
+        }
+      }
+    }
   }
 }
 
@@ -397,8 +434,10 @@ TEST_CASE("backward repeat runs: dK and dV bit-identical; dQ's atomics reorder i
   const auto dO = flashstep::random_output_grad(p, 7);
   constexpr int kRepeats = 5;
   for (const Stage* s : with_backward()) {
+    const Problem pt = typed(p, s->backward_dtypes.front());
     CAPTURE(s->name);
-    DeviceRun run(*s, p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+    CAPTURE(pt.describe());
+    DeviceRun run(*s, pt, in.Q.data(), in.K.data(), in.V.data(), dO.data());
     Gradients first;
     run.run_backward(first.dQ, first.dK, first.dV);
     double max_rel = 0.0;
@@ -408,6 +447,9 @@ TEST_CASE("backward repeat runs: dK and dV bit-identical; dQ's atomics reorder i
       run.run_backward(again.dQ, again.dK, again.dV);
       CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * sizeof(float)) == 0);
       CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * sizeof(float)) == 0);
+      if (deterministic_dq(*s)) {
+        CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * sizeof(float)) == 0);
+      }
       for (size_t e = 0; e < first.dQ.size(); ++e) {
         if (first.dQ[e] == again.dQ[e]) continue;
         ++differing;
@@ -420,7 +462,7 @@ TEST_CASE("backward repeat runs: dK and dV bit-identical; dQ's atomics reorder i
     // order of dQ's fp32 atomic adds moves it. Printed, so the test log has it.
     std::printf("%s: dQ over %d repeats of %s: %lld of %zu elements differ from the first run, "
                 "max relative difference %.3g\n",
-                std::string(s->name).c_str(), kRepeats - 1, p.describe().c_str(),
+                std::string(s->name).c_str(), kRepeats - 1, pt.describe().c_str(),
                 static_cast<long long>(differing), (kRepeats - 1) * first.dQ.size(), max_rel);
   }
 }

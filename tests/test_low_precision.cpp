@@ -2,6 +2,7 @@
 // FlashAttention's rule for fp16 and bf16 (at most twice the error of the
 // naive computation in that type, against the fp64 reference of the rounded
 // inputs): a correct result passes, a wrong one fails, nothing checked is no pass.
+// The same rule for the gradients, with a floor for the cancellation in dS.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -215,4 +216,179 @@ TEST_CASE("forward_truth rounds the inputs to the type, the fp32 truth uses them
   CHECK(truth.reference.O == want.O);
   CHECK(truth.reference.L == want.L);
   CHECK(truth.naive_O.size() == want.O.size());
+}
+
+// ---------------------------------------------------------------------------
+// The gradients' rule (check.h, BackwardTruth).
+
+namespace {
+
+using flashstep::BackwardTruth;
+using flashstep::ReferenceGradients;
+
+struct Grads {
+  std::vector<float> dQ, dK, dV;
+};
+
+Grads to_grads(const ReferenceGradients& g) {
+  return {to_floats(g.dQ), to_floats(g.dK), to_floats(g.dV)};
+}
+
+flashstep::BackwardCheck check(const Problem& p, const Grads& g, const BackwardTruth& truth) {
+  return flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+}
+
+std::vector<float> rounded_grad(const Problem& p, std::vector<float> dO) {
+  flashstep::round_to_dtype(p.dtype, dO.data(), static_cast<std::int64_t>(dO.size()));
+  return dO;
+}
+
+// The naive backward in the type of problem `run` (which may carry a wrong
+// scale) from the inputs rounded to it.
+Grads naive_grads(const Problem& run, const Inputs& in, const std::vector<float>& dO) {
+  const Inputs r = rounded(run, in);
+  const std::vector<float> dO16 = rounded_grad(run, dO);
+  return to_grads(flashstep::naive_low_precision_backward(run, r.Q.data(), r.K.data(), r.V.data(),
+                                                          dO16.data()));
+}
+
+// A backward that rounds dP = dO V^T to the type before subtracting D (as
+// one that kept dP in 16-bit registers would): dP and D agree in their
+// leading digits, so the rounding of dP survives the subtraction whole.
+// Rows see every key.
+Grads dp_rounded(const Problem& p, const Inputs& in, const std::vector<float>& dO_in) {
+  const Inputs r = rounded(p, in);
+  const std::vector<float> dO = rounded_grad(p, dO_in);
+  const std::vector<double> O =
+      flashstep::naive_low_precision_rows(p, r.Q.data(), r.K.data(), r.V.data(), 1);
+  const auto scale = static_cast<float>(p.softmax_scale());
+  const auto d = static_cast<size_t>(p.d);
+  Grads g{std::vector<float>(static_cast<size_t>(p.q_elems()), 0.0f),
+          std::vector<float>(static_cast<size_t>(p.kv_elems()), 0.0f),
+          std::vector<float>(static_cast<size_t>(p.kv_elems()), 0.0f)};
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    for (std::int64_t i = 0; i < p.Nq; ++i) {
+      const size_t qi = static_cast<size_t>((bh * p.Nq + i) * p.d);
+      std::vector<float> P(static_cast<size_t>(p.Nk));
+      float m = -std::numeric_limits<float>::infinity(), l = 0.0f, D = 0.0f;
+      for (std::int64_t j = 0; j < p.Nk; ++j) {
+        float dot = 0.0f;
+        for (size_t k = 0; k < d; ++k) dot += r.Q[qi + k] * r.K[(bh * p.Nk + j) * p.d + k];
+        m = std::max(m, P[j] = scale * dot);
+      }
+      for (float& x : P) l += (x = std::exp(x - m));
+      for (size_t k = 0; k < d; ++k) D += dO[qi + k] * static_cast<float>(O[qi + k]);
+      for (std::int64_t j = 0; j < p.Nk; ++j) {
+        const size_t kj = static_cast<size_t>((bh * p.Nk + j) * p.d);
+        float dP = 0.0f;
+        for (size_t k = 0; k < d; ++k) dP += dO[qi + k] * r.V[kj + k];
+        const float Pij = P[j] / l;
+        const float dS = flashstep::round_to_dtype(
+            p.dtype, Pij * (flashstep::round_to_dtype(p.dtype, dP) - D));
+        for (size_t k = 0; k < d; ++k) {
+          g.dV[kj + k] += flashstep::round_to_dtype(p.dtype, Pij) * dO[qi + k];
+          g.dK[kj + k] += scale * dS * r.Q[qi + k];
+          g.dQ[qi + k] += scale * dS * r.K[kj + k];
+        }
+      }
+    }
+  }
+  for (std::vector<float>* x : {&g.dQ, &g.dK, &g.dV}) {
+    flashstep::round_to_dtype(p.dtype, x->data(), static_cast<std::int64_t>(x->size()));
+  }
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("low precision gradients: the naive backward and exactly rounded gradients pass") {
+  std::uint64_t seed = 700;
+  for (DType t : kLowTypes) {
+    for (const auto& shape : flashstep::test::kRaggedShapes) {
+      if (shape.Nq * shape.Nk * shape.d > 5'000'000) continue;  // the CPU test's time
+      for (bool causal : {false, true}) {
+        const Problem p = typed(flashstep::test::make_problem(shape.B, shape.H, shape.Nq, shape.Nk,
+                                                              shape.d, causal), t);
+        CAPTURE(p.describe());
+        const Inputs in = flashstep::random_inputs(p, seed++);
+        const auto dO = flashstep::random_output_grad(p, seed++);
+        const BackwardTruth truth = flashstep::backward_truth(p, in, dO);
+        const auto ok_naive = check(p, naive_grads(p, in, dO), truth);
+        CHECK_MESSAGE(ok_naive.ok(), ok_naive.summary());
+        CHECK(ok_naive.dQ.c.max_abs_error == doctest::Approx(ok_naive.dQ.naive_error));
+        Grads exact = to_grads(truth.reference);
+        for (std::vector<float>* x : {&exact.dQ, &exact.dK, &exact.dV}) {
+          flashstep::round_to_dtype(t, x->data(), static_cast<std::int64_t>(x->size()));
+        }
+        const auto ok_exact = check(p, exact, truth);
+        CHECK_MESSAGE(ok_exact.ok(), ok_exact.summary());
+        CHECK(ok_exact.dQ.tolerance.rtol == 0.0);
+        CHECK(ok_exact.dV.floor == flashstep::kFp32GradTolerance.atol);
+        CHECK(ok_exact.dQ.floor >= flashstep::kFp32GradTolerance.atol);
+      }
+    }
+  }
+}
+
+TEST_CASE("low precision gradients: one key per row, where the naive dS is exactly 0, has a floor") {
+  // Nk = 1: P = 1, O = V, so dP - D cancels to 0 in the naive backward (same
+  // order of the same products) and its dQ and dK are exact. A correct kernel
+  // sums dP and D in other orders; the floor bounds what that costs.
+  for (DType t : kLowTypes) {
+    const Problem p = typed(flashstep::test::make_problem(2, 1, 239, 1, 64, false), t);
+    const Inputs in = flashstep::random_inputs(p, 31);
+    const auto dO = flashstep::random_output_grad(p, 32);
+    const BackwardTruth truth = flashstep::backward_truth(p, in, dO);
+    const Grads naive = naive_grads(p, in, dO);
+    const auto c = check(p, naive, truth);
+    CHECK_MESSAGE(c.ok(), c.summary());
+    CHECK(c.dQ.naive_error < c.dQ.floor);
+    CHECK(c.dQ.floor > flashstep::kFp32GradTolerance.atol);
+    // An error the size of fp32's cancellation passes; a 16-bit one fails.
+    Grads off = naive;
+    off.dQ[3] += static_cast<float>(0.5 * (c.dQ.floor - flashstep::kFp32GradTolerance.atol));
+    CHECK(check(p, off, truth).ok());
+    off.dQ[3] += 1e-2f;
+    CHECK_FALSE(check(p, off, truth).ok());
+  }
+}
+
+TEST_CASE("low precision gradients: a wrong scale fails, and in bf16 dP rounded before the subtraction") {
+  for (DType t : kLowTypes) {
+    CAPTURE(flashstep::dtype_name(t));
+    const Problem p = typed(flashstep::test::make_problem(1, 2, 97, 203, 64, false), t);
+    const Inputs in = flashstep::random_inputs(p, 41);
+    const auto dO = flashstep::random_output_grad(p, 42);
+    const BackwardTruth truth = flashstep::backward_truth(p, in, dO);
+    Problem wrong = p;
+    wrong.scale = 1.25 * p.softmax_scale();
+    const auto bad_scale = check(p, naive_grads(wrong, in, dO), truth);
+    CHECK_FALSE(bad_scale.ok());
+    CHECK_FALSE(bad_scale.dQ.c.ok());
+    CHECK_FALSE(bad_scale.dV.c.ok());
+    if (t == DType::kBf16) {
+      // In fp16, whose dP keeps 11 bits, rounding it stays within twice what
+      // the naive backward loses at this size: the rule cannot tell it apart.
+      const auto bad_dp = check(p, dp_rounded(p, in, dO), truth);
+      CHECK_FALSE(bad_dp.ok());
+      CHECK_MESSAGE(bad_dp.dV.c.ok(), bad_dp.summary());  // dV never sees dP
+    }
+  }
+}
+
+TEST_CASE("backward check: fp32 keeps kFp32GradTolerance, a truth of another type is refused") {
+  const Problem p = flashstep::test::make_problem(1, 2, 33, 47, 24, true);
+  const Inputs in = flashstep::random_inputs(p, 51);
+  const auto dO = flashstep::random_output_grad(p, 52);
+  const BackwardTruth truth = flashstep::backward_truth(p, in, dO);
+  CHECK(truth.naive.dQ.empty());
+  Grads g = to_grads(truth.reference);
+  const auto c = check(p, g, truth);
+  CHECK(c.ok());
+  CHECK(c.dK.tolerance.atol == flashstep::kFp32GradTolerance.atol);
+  g.dK[7] += 1e-2f;
+  CHECK_FALSE(check(p, g, truth).ok());
+  CHECK_THROWS_WITH_AS(check(typed(p, DType::kFp16), g, truth),
+                       doctest::Contains("computed from fp32 inputs, the run is fp16"),
+                       flashstep::Error);
 }

@@ -177,8 +177,16 @@ TEST_CASE("stages declare their element types, native first, and asking for anot
     CAPTURE(s.name);
     REQUIRE_FALSE(s.dtypes.empty());
     for (DType t : s.dtypes) CHECK(s.supports(t));
-    CHECK(s.backward_supports(DType::kFp32) == (s.backward != nullptr));
+    if (s.backward) {
+      CHECK_FALSE(s.backward_dtypes.empty());
+      for (DType t : s.backward_dtypes) CHECK(s.backward_supports(t));
+    } else {
+      CHECK_FALSE(s.backward_supports(DType::kFp32));
+    }
   }
+  const flashstep::Stage& s07 = *flashstep::select_stages("07_tensor_core").front();
+  CHECK(s07.backward_dtypes == std::vector<DType>{DType::kBf16, DType::kFp16});
+  CHECK_FALSE(s07.backward_supports(DType::kFp32));
   const flashstep::Stage& s02 = *flashstep::select_stages("02").front();
   const flashstep::Stage& s04 = *flashstep::select_stages("04").front();
   CHECK(s02.dtypes == std::vector<DType>{DType::kFp32, DType::kFp16, DType::kBf16});

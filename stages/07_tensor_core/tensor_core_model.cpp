@@ -109,7 +109,19 @@ Stage entry(std::string_view name, std::string_view title, std::vector<DType> dt
   s.mirror = tensor_core::mirror<kStep>;
   s.grouped_heads = true;  // K/V of head bh at kv_head_of(bh, H, H_kv): an index
   s.dtypes = std::move(dtypes);
-  s.backward_dtypes = {};  // no backward yet: the "Stage 07 backward" issue
+  s.backward_dtypes = {};  // the ablation steps: forward only
+  return s;
+}
+
+// The stage with one of its two backwards.
+template <bool kAtomicDQ>
+Stage with_backward(std::string_view name, std::string_view title) {
+  Stage s = entry<Step::kTunedTiles>(name, title, {DType::kBf16, DType::kFp16});
+  s.backward = tensor_core::backward<kAtomicDQ>;
+  s.backward_workspace_bytes = kAtomicDQ ? tensor_core::backward_workspace_bytes
+                                         : tensor_core::deterministic_backward_workspace_bytes;
+  s.backward_model = tensor_core::backward_model<kAtomicDQ>;
+  s.backward_dtypes = {DType::kBf16, DType::kFp16};
   return s;
 }
 
@@ -124,8 +136,9 @@ std::vector<Stage> stages_07_tensor_core() {
       entry<Step::kLdmatrix>("07_step2_ldmatrix", "+ ldmatrix, swizzled shared memory", bf16),
       entry<Step::kCpAsync>("07_step3_cp_async", "+ cp.async pipeline", bf16),
       entry<Step::kPInRegisters>("07_step4_p_in_registers", "+ P~ in registers", bf16),
-      entry<Step::kTunedTiles>("07_tensor_core", "FlashAttention-2 on tensor cores, tuned tiles",
-                               {DType::kBf16, DType::kFp16}),
+      with_backward<true>("07_tensor_core", "FlashAttention-2 on tensor cores, tuned tiles"),
+      with_backward<false>("07_tensor_core_deterministic",
+                           "the same, dQ without atomics (deterministic backward)"),
   };
 }
 

@@ -231,9 +231,10 @@ FLASHSTEP_API int flashstep_backward(const char* stage, int64_t B, int64_t H, in
 
 /** Runs one stage's backward pass with Q, K, V, O, dO, dQ, dK and dV in
  *  element type `dtype`, as flashstep_backward does in fp32; L is fp32. A
- *  type the stage's backward does not run in (flashstep_stage_backward_dtypes;
- *  today every backward is fp32 only) is FLASHSTEP_ESTAGE, with a message
- *  naming the types it has; an unknown dtype code is FLASHSTEP_EINVAL.
+ *  type the stage's backward does not run in (flashstep_stage_backward_dtypes:
+ *  fp32 for stages 02 and 05, bf16 and fp16 for stage 07) is
+ *  FLASHSTEP_ESTAGE, with a message naming the types it has; an unknown
+ *  dtype code is FLASHSTEP_EINVAL.
  *  Checks, in this order: the stage name and that it has a backward; the
  *  dtype and that the backward runs in it; then flashstep_backward's, with
  *  alignment to one element. */

@@ -333,24 +333,30 @@ bool gradients_checkable(const Problem& p, std::int64_t heads) {
          static_cast<double>(heads) * scores * static_cast<double>(p.d) <= kReferenceGradMacBudget;
 }
 
-// The reference gradients the run is checked against: all heads when
-// affordable, else head 0 alone (heads are independent), else none. A
-// head-0-only reference has one head's elements; compare() then checks the
+// The truth the gradients are checked against (common/check.h,
+// BackwardTruth: the fp64 reference, and in 16 bits the naive backward in the
+// type and the rule's floors), for the inputs rounded to p.dtype: all heads
+// when affordable, else head 0 alone (heads are independent), else none. A
+// head-0-only truth has one head's elements; check_backward() then checks the
 // first head of each gradient.
-std::optional<ReferenceGradients> reference_gradients(const Problem& p, const Inputs& in,
-                                                      const std::vector<float>& dO,
-                                                      std::ostream& err) {
+std::optional<BackwardTruth> reference_gradients(const Problem& p, const Inputs& in,
+                                                 const std::vector<float>& dO,
+                                                 std::ostream& err) {
+  const std::string in_type =
+      p.dtype == DType::kFp32 ? std::string()
+                              : " from the inputs rounded to " + std::string(dtype_name(p.dtype)) +
+                                    ", beside the naive backward in that type,";
   if (gradients_checkable(p, p.heads())) {
-    err << "flashstep: fp64 reference gradients...\n";
-    return reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+    err << "flashstep: fp64 reference gradients" << in_type << "...\n";
+    return backward_truth(p, in, dO);
   }
   if (gradients_checkable(p, 1)) {
-    err << "flashstep: fp64 reference gradients of head 0 only (all " << p.heads()
-        << " heads pass the reference's budget)...\n";
+    err << "flashstep: fp64 reference gradients" << in_type << " of head 0 only (all "
+        << p.heads() << " heads pass the reference's budget)...\n";
     Problem one = p;
     one.B = one.H = 1;
     one.H_kv.reset();
-    return reference_backward(one, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+    return backward_truth(one, in, dO);
   }
   err << "flashstep: gradients left unchecked: one head's fp64 reference backward (Nq x Nk "
          "doubles, no row sampling) passes its budget; the tests check the gradients\n";
@@ -379,16 +385,18 @@ std::vector<float> load_or_draw_output_grad(const std::string& dir, const Proble
 // "FAIL" (with a line on err), or "unchecked" (with a line saying why) when the
 // reference is NaN wherever it was computed, from NaN or infinite inputs: a
 // check of nothing is no pass. max_abs_error gets the worst of the three.
-std::string check_gradients(const Stage& s, std::vector<const std::vector<float>*> got,
-                            const std::optional<ReferenceGradients>& ref, double& max_abs_error,
+std::string check_gradients(const Stage& s, const Problem& p,
+                            std::vector<const std::vector<float>*> got,
+                            const std::optional<BackwardTruth>& ref, double& max_abs_error,
                             std::ostream& err) {
   if (!ref) return "unchecked";
   const char* names[] = {"dQ", "dK", "dV"};
-  const std::vector<double>* want[] = {&ref->dQ, &ref->dK, &ref->dV};
+  const BackwardCheck check = check_backward(p, got[0]->data(), got[1]->data(), got[2]->data(), *ref);
+  const Comparison* comparisons[] = {&check.dQ.c, &check.dK.c, &check.dV.c};
   bool failed = false, unchecked = false;
   max_abs_error = 0.0;
   for (size_t k = 0; k < got.size(); ++k) {
-    const Comparison c = compare(got[k]->data(), *want[k], kFp32GradTolerance);
+    const Comparison& c = *comparisons[k];
     max_abs_error = std::max(max_abs_error, c.max_abs_error);
     if (c.checked == 0) {
       unchecked = true;
@@ -786,8 +794,14 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     typed.dtype = t;
     return truths.emplace(t, forward_truth(typed, in, step)).first->second;
   };
-  std::optional<ReferenceGradients> ref_grad;
-  if (o.check && o.backward) ref_grad = reference_gradients(p, in, dO, err);
+  // The gradients' truth per element type, likewise made when first needed.
+  std::map<DType, std::optional<BackwardTruth>> grad_truths;
+  auto grad_truth_for = [&](DType t) -> const std::optional<BackwardTruth>& {
+    if (const auto it = grad_truths.find(t); it != grad_truths.end()) return it->second;
+    Problem typed = p;
+    typed.dtype = t;
+    return grad_truths.emplace(t, reference_gradients(typed, in, dO, err)).first->second;
+  };
 
   const DeviceInfo dev = device_info();
   Report r;
@@ -843,7 +857,10 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         res.backward_status = "error";
         std::vector<float> dQ, dK, dV;
         run.run_backward(dQ, dK, dV);
-        res.backward_status = check_gradients(s, {&dQ, &dK, &dV}, ref_grad, res.grad_error, err);
+        res.backward_status =
+            o.check ? check_gradients(s, ps, {&dQ, &dK, &dV}, grad_truth_for(ps.dtype),
+                                      res.grad_error, err)
+                    : "unchecked";
         if (!o.save_dir.empty()) {
           write_npy(saved_file(o.save_dir, "dQ", &s), {p.B, p.H, p.Nq, p.d}, dQ.data());
           write_npy(saved_file(o.save_dir, "dK", &s), {p.B, p.kv_heads(), p.Nk, p.d}, dK.data());

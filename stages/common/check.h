@@ -148,4 +148,91 @@ struct ForwardCheck {
 ForwardCheck check_forward(const Problem& p, const float* O, const float* L,
                            const ForwardTruth& truth);
 
+/// The low-precision rule for gradients: FlashAttention's rule again (its
+/// tests check dq, dk and dv as they check out), one gradient at a time,
+///
+///   max |dX - dX_ref| <= 2 max |dX_naive - dX_ref| + floor_X
+///
+/// where dX_ref is the fp64 gradient of the inputs (Q, K, V and dO) rounded to
+/// the type and dX_naive is naive_low_precision_backward's (reference.h),
+/// reading the same O as the stage's backward. O is an input of the backward
+/// (FlashAttention's too: D = rowsum(dO o O) comes from the forward's output),
+/// and its rounding to the type is the forward's error, held to the forward's
+/// rule, as the inputs' rounding is no one's. A naive backward that read its
+/// own O would carry other roundings of O, and D passes them on uncancelled
+/// (dS_ij = P_ij (dP_ij - D_i) moves by P_ij times dO_i . (O_i's error)): at
+/// small d, where D sums few of them, correct backwards missed the bound
+/// against that naive in about 1 seed in 100 (d = 1, fp16: dK off by 0.002
+/// against a bound of 0.00115 from a naive error of 0.0005). With the same O
+/// the two round alike, and no output-rounding term is needed: over 150 seeds
+/// at d = 1 and 16 and the ragged grid, stage 07's mirror stays within 0.65
+/// of the bound.
+/// The floor is larger than the forward's, for the cancellation in
+/// dS = P o (dP - D): dP_ij = dO_i . V_j and D_i = dO_i . O_i are two fp32
+/// sums of d products that nearly agree (O_i is a weighted mean of the V_j),
+/// and a kernel and the naive computation sum them in different orders, so
+/// their dS differ by up to the fp32 error bound of those sums even where
+/// the naive dS happens to be exact (one key per row: O = V, dP = D, dS = 0).
+/// So floor_dQ and floor_dK are the largest over their elements of that
+/// worst-case bound carried into them,
+///
+///   |dS_ij error| <= P_ij gamma_{d+2} (sum_k |dO_ik V_jk| + sum_k |dO_ik O_ik|) (1 + u)
+///   floor_dQ = max_ik |scale| sum_j |dS_ij error| |K_jk|
+///   floor_dK = max_jk |scale| sum_i |dS_ij error| |Q_ik|
+///
+/// (gamma_n = n u32 / (1 - n u32), u32 = 2^-24, Higham's bound for a sum of n
+/// fp32 roundings: d products and adds, the subtraction, the product with
+/// P; u is the type's unit roundoff, dS's rounding to it), plus the fp32
+/// gradient bound's absolute part kFp32GradTolerance.atol; floor_dV is that
+/// absolute part alone (dV = P^T dO subtracts nothing). The bound is
+/// computed in fp64 from the rounded inputs and the O the naive reads.
+struct BackwardTruth {
+  DType dtype = DType::kFp32;    ///< the element type the inputs were rounded to
+  ReferenceGradients reference;  ///< fp64 dQ [B,H,Nq,d], dK and dV [B,H,Nk,d]
+  ReferenceGradients naive;      ///< fp16/bf16: naive_low_precision_backward; empty in fp32
+  double floor_dQ = 0.0;         ///< fp16/bf16: the floors above; 0 in fp32
+  double floor_dK = 0.0;
+  double floor_dV = 0.0;
+};
+
+/// The truth for p.dtype from the host inputs and dO as drawn (fp32, not yet
+/// rounded: this rounds copies, as the runner rounds what it sends to the
+/// device). Every row: the backward's gradients depend on every row. O_read:
+/// the forward's O [B,H,Nq,d] that the stage's backward read (in p.dtype, as
+/// DeviceRun::run_backward returns it); the naive backward reads it too. It
+/// must pass the forward's rule (check_forward), or this throws
+/// flashstep::Error: a wrong O would loosen the bound. Null: the naive reads
+/// its own O (naive_low_precision_rows), for a check without the stage's O.
+/// Unused in fp32.
+BackwardTruth backward_truth(const Problem& p, const Inputs& in, const std::vector<float>& dO,
+                             const std::vector<float>* O_read = nullptr);
+
+/// The verdict on one gradient.
+struct GradientCheck {
+  Comparison c;              ///< against the reference, within `tolerance`
+  Tolerance tolerance{};     ///< fp32: kFp32GradTolerance; fp16/bf16: {2 naive error + floor, 0}
+  double naive_error = 0.0;  ///< fp16/bf16: max |dX_naive - dX_ref|
+  double floor = 0.0;        ///< fp16/bf16: the floor above
+};
+
+/// The verdict on one backward run's dQ, dK and dV.
+struct BackwardCheck {
+  DType dtype = DType::kFp32;
+  GradientCheck dQ, dK, dV;
+
+  /// Every compared element of the three within its bound, and at least one
+  /// element of each compared.
+  bool ok() const;
+  /// Three lines, "dQ: ...", "dK: ...", "dV: ...", each with its bound and,
+  /// in fp16/bf16, where the bound comes from.
+  std::string summary() const;
+};
+
+/// Checks a backward's dQ [B,H,Nq,d], dK and dV [B,H,Nk,d] (fp32, as
+/// DeviceRun returns them) against `truth`: by kFp32GradTolerance in fp32,
+/// by the rule above in fp16 and bf16. Throws flashstep::Error when `truth`
+/// was made for another element type than p.dtype.
+BackwardCheck check_backward(const Problem& p, const float* dQ, const float* dK, const float* dV,
+                             const BackwardTruth& truth);
+
 }  // namespace flashstep

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iomanip>
 #include <sstream>
+#include <utility>
 
 #include "cuda_check.h"
 #include "error.h"
@@ -228,10 +229,11 @@ void DeviceRun::launch_backward() {
 }
 
 void DeviceRun::run_backward(std::vector<float>& dQ, std::vector<float>& dK,
-                             std::vector<float>& dV) {
+                             std::vector<float>& dV, std::vector<float>* O_read) {
   if (!dO_) throw Error("DeviceRun: the backward needs dO (pass it to the constructor)");
   std::vector<float> O, L;
   run(O, L);
+  if (O_read != nullptr) *O_read = std::move(O);
   const std::int64_t E = p_.elem_bytes();
   cuda_check(cudaMemset(dQ_, kPoisonByte, p_.q_elems() * E), "poison dQ");
   cuda_check(cudaMemset(dK_, kPoisonByte, p_.kv_elems() * E), "poison dK");

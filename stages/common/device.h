@@ -77,8 +77,12 @@ class DeviceRun {
   Timing time(int warmup, int iterations);
 
   /// Runs the forward (O and L poisoned first), then poisons dQ, dK and dV,
-  /// runs the backward once, and copies the gradients back to the host.
-  void run_backward(std::vector<float>& dQ, std::vector<float>& dK, std::vector<float>& dV);
+  /// runs the backward once, and copies the gradients back to the host; and,
+  /// unless `O` is null, the forward's O [B,H,Nq,d] that the backward read
+  /// (the low-precision gradient rule's naive backward reads the same O:
+  /// common/check.h, backward_truth).
+  void run_backward(std::vector<float>& dQ, std::vector<float>& dK, std::vector<float>& dV,
+                    std::vector<float>* O = nullptr);
 
   /// Runs the forward once, then times the backward alone as time() does.
   Timing time_backward(int warmup, int iterations);

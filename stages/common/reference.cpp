@@ -129,6 +129,67 @@ std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, c
   return O;
 }
 
+ReferenceGradients naive_low_precision_backward(const Problem& p, const float* Q, const float* K,
+                                                const float* V, const float* dO,
+                                                const float* O_given) {
+  const std::vector<double> O = O_given != nullptr
+                                    ? std::vector<double>(O_given, O_given + p.q_elems())
+                                    : naive_low_precision_rows(p, Q, K, V, 1);
+  const auto scale = static_cast<float>(p.softmax_scale());
+  const DType t = p.dtype;
+  const auto d = static_cast<size_t>(p.d);
+  ReferenceGradients g;
+  g.dQ.assign(static_cast<size_t>(p.q_elems()), 0.0);
+  g.dK.assign(static_cast<size_t>(p.kv_elems()), 0.0);
+  g.dV.assign(static_cast<size_t>(p.kv_elems()), 0.0);
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    // fp32 accumulators of the head's dK and dV, rounded once at the end.
+    std::vector<float> dK(static_cast<size_t>(p.Nk) * d, 0.0f), dV(dK.size(), 0.0f);
+    const float* Kh = K + bh * p.Nk * p.d;
+    const float* Vh = V + bh * p.Nk * p.d;
+    for (std::int64_t i = 0; i < p.Nq; ++i) {
+      const std::int64_t visible = p.visible_keys(i);
+      if (visible == 0) continue;
+      const float* qi = Q + (bh * p.Nq + i) * p.d;
+      const float* dOi = dO + (bh * p.Nq + i) * p.d;
+      const double* Oi = O.data() + (bh * p.Nq + i) * p.d;
+      std::vector<float> P(static_cast<size_t>(visible));
+      float m = -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = 0; j < visible; ++j) {
+        float dot = 0.0f;
+        for (size_t k = 0; k < d; ++k) dot += qi[k] * Kh[j * p.d + k];
+        P[j] = scale * dot;
+        m = std::max(m, P[j]);
+      }
+      float l = 0.0f;
+      for (float& x : P) l += (x = std::exp(x - m));
+      float D = 0.0f;
+      for (size_t k = 0; k < d; ++k) D += dOi[k] * static_cast<float>(Oi[k]);
+      std::vector<float> dQi(d, 0.0f);
+      for (std::int64_t j = 0; j < visible; ++j) {
+        const float Pij = P[j] / l;
+        float dP = 0.0f;
+        for (size_t k = 0; k < d; ++k) dP += dOi[k] * Vh[j * p.d + k];
+        const float dS = round_to_dtype(t, Pij * (dP - D));
+        const float P16 = round_to_dtype(t, Pij);
+        for (size_t k = 0; k < d; ++k) {
+          dV[j * d + k] += P16 * dOi[k];
+          dK[j * d + k] += dS * qi[k];
+          dQi[k] += dS * Kh[j * p.d + k];
+        }
+      }
+      for (size_t k = 0; k < d; ++k) {
+        g.dQ[(bh * p.Nq + i) * p.d + k] = round_to_dtype(t, scale * dQi[k]);
+      }
+    }
+    for (size_t e = 0; e < dK.size(); ++e) {
+      g.dK[bh * p.Nk * p.d + e] = round_to_dtype(t, scale * dK[e]);
+      g.dV[bh * p.Nk * p.d + e] = round_to_dtype(t, dV[e]);
+    }
+  }
+  return g;
+}
+
 ReferenceGradients reference_backward(const Problem& p, const float* Q, const float* K,
                                       const float* V, const float* dO) {
   return backward(p, Q, K, V, dO);

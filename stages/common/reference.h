@@ -63,4 +63,20 @@ ReferenceResult reference_forward_rows(const Problem& p, const float* Q, const f
 std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, const float* K,
                                              const float* V, std::int64_t row_step);
 
+/// dQ, dK and dV of attention done naively in p.dtype (fp16 or bf16) on the
+/// host: the standard backward in half precision, whose error sets the bound
+/// of the low-precision gradient check (check.h). From Q, K, V and dO as given
+/// (already rounded to p.dtype) and O, the forward's output that a backward
+/// reads (FlashAttention's takes O as an input): the stage's own O when given
+/// (as its forward wrote it, in p.dtype), else naive_low_precision_rows
+/// (rounded to p.dtype, as a forward in that type hands it over). Per row, S
+/// and its softmax P in fp32; D = rowsum(dO o O) in fp32 from that rounded O, as a
+/// backward must compute it; dP = dO V^T in fp32; dS = P o (dP - D) and P
+/// rounded to p.dtype (the operands of the next products); dV = P^T dO,
+/// dQ = scale dS K and dK = scale dS^T Q summed in fp32 and rounded to
+/// p.dtype. A row that sees no key contributes nothing.
+ReferenceGradients naive_low_precision_backward(const Problem& p, const float* Q, const float* K,
+                                                const float* V, const float* dO,
+                                                const float* O = nullptr);
+
 }  // namespace flashstep

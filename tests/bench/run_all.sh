@@ -21,6 +21,9 @@
 #   backward  backward.py       -> backward.csv, backward_memory.csv, backward_determinism.csv
 #             (stages 02 and 05 with SDPA's fp32 backwards when torch is there), then
 #             traffic.py --backward -> backward_traffic.csv (ncu, N = 4096)
+#   backward16 backward16.py    -> backward16.csv (stage 07's bf16 backwards, atomic and
+#             deterministic dQ, with SDPA's flash, cuDNN and math bf16 backwards when torch is
+#             there; backward and forward + backward)
 #   ceilings  ceilings.py       -> ceilings.csv (copy bandwidth, fp32 GEMM and FMA peak; bf16
 #             GEMM and mma.sync peak; skipped without torch)
 #   tiles     tiles.py          -> tiles.csv    (stage 07 at other tile shapes, d = 64/128/256)
@@ -63,8 +66,9 @@
 #   bash tests/bench/run_all.sh /tmp/c build ablation long                 # ~8 min
 #   bash tests/bench/run_all.sh /tmp/d build traffic                       # ~5-8 min
 #   bash tests/bench/run_all.sh /tmp/e build backward                      # see its log
+#   bash tests/bench/run_all.sh /tmp/g build backward16                    # not timed yet
 #   bash tests/bench/run_all.sh /tmp/f build causal splitq                 # ~6 min
-#   DECODE_ARGS="--Nq 1 --dtype fp32" bash tests/bench/run_all.sh /tmp/g build decode  # not yet
+#   DECODE_ARGS="--Nq 1 --dtype fp32" bash tests/bench/run_all.sh /tmp/h build decode  # not yet
 #   (then --Nq 1 --dtype bf16, --Nq 4 --dtype fp32, --Nq 4 --dtype bf16: each adds its rows)  # timed
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
@@ -80,8 +84,8 @@
 # RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast"),
 # DECODE_ARGS (flags for decode.py, e.g. "--Nq 1 --dtype fp32": the decode sweep in several calls).
 set -uo pipefail
-all_steps=(build device sweep sweep16 long peers traffic backward ceilings tiles causal splitq ablation
-           sweep08 ablation08 decode ring tables plots)
+all_steps=(build device sweep sweep16 long peers traffic backward backward16 ceilings tiles causal
+           splitq ablation sweep08 ablation08 decode ring tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -219,6 +223,13 @@ for s in "${steps[@]}"; do
           --N 4096 --out "$log/backward_traffic.csv"
         record backward_traffic backward_traffic.csv
       fi
+      ;;
+    backward16)
+      peers_flag=()
+      have_torch || peers_flag=(--no-peers)
+      step backward16 "$py" tests/bench/backward16.py --flashstep "$exe" \
+        --out "$log/backward16.csv" "${sweep_args[@]}" "${peers_flag[@]}"
+      record backward16 backward16.csv
       ;;
     ceilings)
       if have_torch; then

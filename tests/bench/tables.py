@@ -30,8 +30,9 @@ each step of the ladder) and tiles.csv (tiles.py: the tile-shape sweep). They
 fill <!-- results:tensor_core:begin/end --> (07 against the 16-bit peers,
 README.md), and in stages/07_tensor_core/README.md <!-- results:begin/end -->
 (the whole 16-bit sweep with the peers), <!-- results:ablation:begin/end -->
-and <!-- results:tiles:begin/end -->; a section whose CSV is not recorded yet
-says so. The fp32 tables show fp32 rows only (a row without a dtype is fp32).
+and <!-- results:tiles:begin/end -->, and backward16.csv (backward16.py: its
+bf16 backwards with SDPA's) <!-- results:backward16:begin/end -->; a section
+whose CSV is not recorded yet says so. The fp32 tables show fp32 rows only (a row without a dtype is fp32).
 Tables are never typed by hand: edit the CSVs by re-running the benchmarks,
 then this.
 
@@ -887,6 +888,59 @@ def split_q_profile_body(rows):
     return "\n".join(out) + "\n" + provenance(rows, "split_q_profile.csv") + "\n"
 
 
+# backward16.py's implementations, as stage 07's backward tables label them.
+BACKWARD16 = {"07_tensor_core": "07_tensor_core (dQ by atomics)",
+              "07_tensor_core_deterministic": "07_tensor_core_deterministic",
+              "sdpa_flash_bf16": "PyTorch SDPA flash (FlashAttention-2)",
+              "sdpa_cudnn_bf16": "PyTorch SDPA cuDNN",
+              "sdpa_math_bf16": "PyTorch SDPA math (standard attention)"}
+
+
+def backward16_body(rows):
+    """stages/07_tensor_core/README.md's <!-- results:backward16 -->: TFLOP/s of stage 07's
+    bf16 backwards and SDPA's against N, backward alone and forward + backward, with
+    07_tensor_core's ratio to FlashAttention-2's; until backward16.csv is recorded, says so."""
+    if not rows:
+        return not_recorded("Stage 07's backward sweep (backward16.csv)", "build backward16")
+    ns = sorted({int(r["Nq"]) for r in rows})
+    parts = []
+    for name, what in (("bwd", "backward"), ("fwd+bwd", "forward + backward")):
+        for d in (64, 128):
+            for causal in ("0", "1"):
+                mine = [r for r in rows if r["pass"] == name and int(r["d"]) == d
+                        and r["causal"] == causal]
+                if not mine:
+                    continue
+                by_stage = {s: {int(r["Nq"]): float(r["TFLOP/s"]) for r in mine
+                                if r["stage"] == s and r["TFLOP/s"]} for s in BACKWARD16}
+                lines = [(label, [f"{by_stage[s][n]:.0f}" if n in by_stage[s] else
+                                  peer_cell([r for r in mine if r["stage"] == s
+                                             and int(r["Nq"]) == n]) for n in ns])
+                         for s, label in BACKWARD16.items()
+                         if any(r["stage"] == s for r in mine)]
+                if by_stage["07_tensor_core_deterministic"]:  # the cost of determinism
+                    lines.append(("deterministic / atomic dQ",
+                                  ratio_cells(by_stage["07_tensor_core_deterministic"],
+                                              by_stage["07_tensor_core"], ns)))
+                if by_stage["sdpa_flash_bf16"]:
+                    lines.append(("07_tensor_core / FlashAttention-2",
+                                  ratio_cells(by_stage["07_tensor_core"],
+                                              by_stage["sdpa_flash_bf16"], ns)))
+                title = (f"**bf16 {what}, d = {d}{', causal' if causal == '1' else ''}** "
+                         f"(TFLOP/s, {FLOP_FACTORS[name]} x 4·B·H·N²·d, halved if causal; "
+                         "B = 16384/N, H = 2048/d)")
+                parts.append(table16(title, ns, lines))
+    torch_note = (f" _PyTorch {rows[0]['torch']}; SDPA's gradients are reported against fp64 on "
+                  "head 0 (N ≤ 4096), not judged; forward + backward is the sum of the two "
+                  "medians._" if rows[0].get("torch") else "")
+    parts.append(provenance(rows, "backward16.csv") + torch_note + "\n")
+    return "\n".join(parts)
+
+
+# backward16.py's FLOP factors: the backward counts 2.5 forwards, forward + backward 3.5.
+FLOP_FACTORS = {"bwd": "2.5", "fwd+bwd": "3.5"}
+
+
 def replace_between(text, tag, body):
     pattern = re.compile(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", re.S)
     if not pattern.search(text):
@@ -942,6 +996,7 @@ def main():
             edits[path] = [("results", sweep16_body(rows16, peers, traffic)),
                            ("results:ablation", ablation_body(rows16, read("ablation.csv"), peers)),
                            ("results:tiles", tiles_body(read("tiles.csv"))),
+                           ("results:backward16", backward16_body(read("backward16.csv"))),
                            ("results:tensor_core", body_tc)]
             continue
         mine = [s for s in stages if s.startswith(folder[:3])]

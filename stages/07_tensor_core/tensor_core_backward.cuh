@@ -1,0 +1,556 @@
+// Stage 07's backward kernels: FlashAttention-2's Algorithm 2 (Dao 2023) on
+// tensor cores, bf16 or fp16 in and out, fp32 accumulators. Included by
+// tensor_core_backward.cu only.
+//
+// Three kernels, as FlashAttention-2 runs them:
+//   prepare_kernel   line 4: D_i = rowsum(dO_i o O_i); L_i into log2 units;
+//                    the fp32 accumulator of dQ zeroed (atomic variant)
+//   dkdv_kernel      lines 5-20: one thread block per (K/V block j, head),
+//                    Kj, Vj kept in shared memory and dK_j, dV_j in registers
+//                    while the Q blocks stream past; dQ_i += dS_ij Kj by fp32
+//                    atomic adds (atomic variant)
+//   convert_dq_kernel  dQ = scale * accumulator, rounded to the element type
+// The deterministic variant replaces the atomics and the conversion by
+//   dq_kernel        one thread block per (Q block i, head), summing
+//                    dQ_i = scale sum_j dS_ij Kj over the K/V blocks in one
+//                    fixed order, S_ij and dP_ij recomputed
+//
+// The five products of dkdv_kernel, and where P and dS live. A warp owns 16
+// keys of Kj (its key group) and computes the TRANSPOSED scores
+// S_ij^T = Kj Qi^T (keys as rows, queries as columns): the key index is then
+// the m (row) index of every accumulator it holds, which is what both dV_j
+// and dK_j want.
+//   S^T  = Kw Qi^T        A: Kw (ldmatrix)      B: Qi (ldmatrix)
+//   P^T  = exp2(S^T scale log2e - L)            registers, fp32
+//   dV  += P^T dOi        A: P^T from REGISTERS (the accumulator layout of
+//                         two n8 tiles is the A layout of one k16 step,
+//                         common/mma_sm80.cuh), rounded to 16 bits
+//                         B: dOi (ldmatrix.trans)
+//   dP^T = Vw dOi^T       A: Vw (ldmatrix)      B: dOi (ldmatrix)
+//   dS^T = P^T o (dP^T - D)                     registers, fp32
+//   dK  += dS^T Qi        A: dS^T from REGISTERS, as P^T   B: Qi (ldmatrix.trans)
+//   dQi += dS Kj          A: dS through SHARED MEMORY      B: Kj (ldmatrix.trans)
+// dS goes through shared memory for dQ for two reasons: dQ_i needs dS with
+// the QUERY as its row (m) index, the transpose of what the registers hold
+// (a register fragment cannot be transposed in place: each lane holds two
+// neighbouring columns of one row), and dQ_i sums over all Bc keys, which
+// four warps hold 16 each: the sum has to cross warps anyway. So the block
+// writes dS_ij (rounded to 16 bits) once into a [Br x Bc] tile, and each
+// warp reads back 16 query rows of it as A fragments with ldmatrix.
+//
+// Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
+// and D double-buffered (cp.async brings block i + 1 while block i computes);
+// the dS tile. A warp computes S^T and dP^T for kQSlice = 32 queries of the
+// Q block at a time, which keeps their accumulators beside dK_j's and dV_j's
+// within the registers (tensor_core_backward_tiles.h). All tiles but L and D in the forward's swizzled layout
+// (tensor_core.cuh), whose fragment loaders this file reuses.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/element.cuh"
+#include "common/mma_sm80.cuh"
+#include "common/reduce.cuh"
+#include "tensor_core.cuh"
+#include "tensor_core_backward_tiles.h"
+
+namespace flashstep::tensor_core::bwd {
+
+/// Kernel arguments. Elem is __nv_bfloat16 or __half.
+template <typename Elem>
+struct BackwardParams {
+  const Elem* Q;       // [heads, Nq, d]
+  const Elem* K;       // [heads, Nk, d]
+  const Elem* V;       // [heads, Nk, d]
+  const Elem* O;       // [heads, Nq, d], the forward's output
+  const float* L;      // [heads, Nq], the forward's logsumexp (natural log)
+  const Elem* dO;      // [heads, Nq, d]
+  Elem* dQ;            // [heads, Nq, d]
+  Elem* dK;            // [heads, Nk, d]
+  Elem* dV;            // [heads, Nk, d]
+  float* dQ_accum;     // [heads, Nq, d], fp32: the atomic variant's sums
+  float* D;            // [heads, Nq]: rowsum(dO o O)
+  float* L_log2;       // [heads, Nq]: L log2(e), +inf for a row that sees no key
+  std::int64_t heads;  // B * H
+  int Nq, Nk, d;
+  bool causal;
+  float scale;       // the softmax scale, any sign
+  float scale_log2;  // scale * log2(e): P = 2^(S scale_log2 - L_log2)
+  bool vec;          // d % 8 == 0 and 16-byte aligned tensors: whole-chunk copies
+};
+
+/// What the head-dimension bucket fixes at compile time.
+template <int kHeadDim_>
+struct BackwardConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kDSplit = d_split(kHeadDim);
+  static constexpr int kWarps = warps(kHeadDim);
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kWarpCols = kHeadDim / kDSplit;  // columns of dK_j, dV_j per warp
+  static constexpr int kColTiles = kWarpCols / kMmaN;   // their n8 tiles
+  static constexpr int kQTiles = kQSlice / kMmaN;      // n8 tiles of S^T over a query slice
+  static constexpr int kKeySteps = kBc / kMmaK;         // k16 steps over the keys (dQ)
+  static constexpr int kDSteps = kHeadDim / kMmaK;      // k16 steps over d (S^T, dP^T)
+  static constexpr int kChunkTiles = kDQChunk / kMmaN;  // n8 tiles of a dQ chunk
+
+  // Shared memory, in elements: Kj, Vj; two buffers of Qi and dOi; dS; then
+  // two buffers of L and D (fp32, counted in elements of 2 bytes).
+  static constexpr int kKVElems = kBc * kHeadDim;
+  static constexpr int kQElems = kBr * kHeadDim;
+  static constexpr int kDSElems = kBr * kBc;
+  static constexpr int kRowFloats = 2 * 2 * kBr;  // L and D, two buffers each
+  static constexpr int kSmemBytes =
+      (2 * kKVElems + 4 * kQElems + kDSElems) * 2 + kRowFloats * 4;
+
+  static_assert(kBr == kKeyGroups * kMmaM, "in the dQ step each key group's warps take 16 query rows");
+  static_assert(kWarpCols % kDQChunk == 0 && kColTiles % 2 == 0, "whole chunks, n8 tiles in pairs");
+  static_assert(kHeadDim / kChunkElems >= 8, "the swizzle permutes 8 chunks of a row");
+};
+
+// ---------------------------------------------------------------------------
+// Line 4: D, L in log2 units, dQ's accumulator zeroed. One warp per row.
+
+template <typename Elem>
+__global__ void __launch_bounds__(kPrepRowsPerBlock * kWarpSize)
+    prepare_kernel(const BackwardParams<Elem> p, bool zero_dq) {
+  const int lane = threadIdx.x % kWarpSize;
+  const std::int64_t rows = p.heads * p.Nq;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kPrepRowsPerBlock;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kPrepRowsPerBlock +
+                          threadIdx.x / kWarpSize;
+       row < rows; row += stride) {
+    const Elem* dOr = p.dO + row * p.d;  // [d]
+    const Elem* Or = p.O + row * p.d;    // [d]
+    float sum = 0.0f;
+    for (int k = lane; k < p.d; k += kWarpSize) sum += to_float(dOr[k]) * to_float(Or[k]);
+    sum = warp_reduce(sum, SumOp{});
+    if (zero_dq) {
+      for (int k = lane; k < p.d; k += kWarpSize) p.dQ_accum[row * p.d + k] = 0.0f;
+    }
+    if (lane == 0) {
+      p.D[row] = sum;
+      // A row that sees no key has L = -inf (the forward's contract); +inf
+      // here makes its P = 2^(S - inf) = 0 for every key instead of NaN.
+      const float L = p.L[row];
+      p.L_log2[row] = L == -INFINITY ? INFINITY : L * static_cast<float>(kLog2e);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Fragments.
+
+/// The A fragment of k16 step kk from the accumulators of n8 tiles 2 kk and
+/// 2 kk + 1 (P^T or dS^T), rounded to Elem: registers to registers.
+template <typename Elem, int kTiles>
+__device__ inline void accumulator_to_a(std::uint32_t (&a)[4], const float (&acc)[kTiles][4],
+                                        int kk) {
+  a[0] = sm80::pack2<Elem>(acc[2 * kk][0], acc[2 * kk][1]);
+  a[1] = sm80::pack2<Elem>(acc[2 * kk][2], acc[2 * kk][3]);
+  a[2] = sm80::pack2<Elem>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+  a[3] = sm80::pack2<Elem>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+/// acc[16 rows x kTiles * 8] = rows row0 .. row0 + 15 of tile A times tile
+/// B^T: B's rows are the n index (Qi or dOi rows: queries, or Kj/Vj rows:
+/// keys), both tiles [rows][kHeadDim] with the k depth along d. S^T, dP^T
+/// (dkdv_kernel) and S, dP (dq_kernel).
+template <typename Elem, int kHeadDim, int kTiles>
+__device__ inline void product_abt(float (&acc)[kTiles][4], const Elem* A, const Elem* B, int row0,
+                                   const LaneOffsets<kHeadDim>& at_a,
+                                   const LaneOffsets<kHeadDim>& at_bk) {
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) {
+    std::uint32_t a[4];
+    load_a<Elem, kHeadDim, true>(a, A, at_a, row0, ks * kMmaK);
+#pragma unroll
+    for (int np = 0; np < kTiles / 2; ++np) {
+      std::uint32_t b[4];
+      load_b_k<Elem, kHeadDim, true>(b, B, at_bk, np * 2 * kMmaN, ks * kMmaK);
+      const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+      sm80::mma_m16n8k16<Elem>(acc[2 * np], a, b_lo);
+      sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a, b_hi);
+    }
+  }
+}
+
+/// acc[16 x kOutTiles * 8] += A (register fragments of kSteps k16 steps,
+/// from accumulators) times columns col0 .. of tile B [k rows][kHeadDim]
+/// (ldmatrix.trans: B's rows are the k index). dV += P^T dOi, dK += dS^T Qi,
+/// and dq_kernel's dQ += dS Kj.
+template <typename Elem, int kHeadDim, int kInTiles, int kOutTiles>
+__device__ inline void product_ab(float (&acc)[kOutTiles][4], const float (&in)[kInTiles][4],
+                                  const Elem* B, int col0, const LaneOffsets<kHeadDim>& at_bv) {
+#pragma unroll
+  for (int kk = 0; kk < kInTiles / 2; ++kk) {
+    std::uint32_t a[4];
+    accumulator_to_a<Elem, kInTiles>(a, in, kk);
+#pragma unroll
+    for (int np = 0; np < kOutTiles / 2; ++np) {
+      std::uint32_t b[4];
+      load_b_v<Elem, kHeadDim, true>(b, B, at_bv, kk * kMmaK, col0 + np * 2 * kMmaN);
+      const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+      sm80::mma_m16n8k16<Elem>(acc[2 * np], a, b_lo);
+      sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a, b_hi);
+    }
+  }
+}
+
+/// Writes a warp's 16 x (kTiles * 8) accumulators, times `factor` and
+/// rounded to Elem, to rows row0 .. of a [rows_valid, d] global array at
+/// columns col0 ..; elements past rows_valid or d are not written. Element
+/// by element: dK_j and dV_j are written once per block, so the uncoalesced
+/// 2-byte stores cost nothing next to the loop, and they need no alignment.
+template <typename Elem, int kTiles>
+__device__ inline void store_rows(Elem* dst, const float (&acc)[kTiles][4], int row0, int col0,
+                                  int rows_valid, int d, float factor) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = row0 + g + 8 * (e / 2);
+      const int col = col0 + nt * kMmaN + 2 * t + e % 2;
+      if (row < rows_valid && col < d) {
+        dst[static_cast<std::int64_t>(row) * d + col] = from_float<Elem>(acc[nt][e] * factor);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Lines 5-20: dK_j, dV_j (and dQ by atomics).
+
+/// Starts the copies of Q block i's Qi, dOi into their buffers (cp.async)
+/// and loads its rows' L and D (plain loads: 2 Br floats). Rows past Nq get
+/// Q = dO = 0, L = +inf (P = 0) and D = 0.
+template <typename Elem, typename C>
+__device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t bh, int i,
+                                    Elem* Qi, Elem* dOi, float* Ls, float* Ds) {
+  const int q0 = i * kBr;
+  const std::int64_t row0 = bh * p.Nq + q0;
+  load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, p.Nq - q0,
+                                                              p.d, p.vec);
+  load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, p.Nq - q0,
+                                                              p.d, p.vec);
+  if (threadIdx.x < kBr) {
+    const bool inside = static_cast<int>(threadIdx.x) < p.Nq - q0;
+    Ls[threadIdx.x] = inside ? p.L_log2[row0 + threadIdx.x] : INFINITY;
+    Ds[threadIdx.x] = inside ? p.D[row0 + threadIdx.x] : 0.0f;
+  }
+}
+
+template <typename Elem, typename C, bool kAtomicDQ>
+__device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh, int j,
+                                  unsigned char* smem) {
+  Elem* Kj = reinterpret_cast<Elem*>(smem);  // [Bc][kHeadDim]
+  Elem* Vj = Kj + C::kKVElems;               // [Bc][kHeadDim]
+  Elem* Qbuf = Vj + C::kKVElems;             // 2 x [Br][kHeadDim]
+  Elem* dObuf = Qbuf + 2 * C::kQElems;       // 2 x [Br][kHeadDim]
+  Elem* dS = dObuf + 2 * C::kQElems;         // [Br][Bc]: dS_ij, queries as rows
+  float* Lbuf = reinterpret_cast<float*>(dS + C::kDSElems);  // 2 x [Br]
+  float* Dbuf = Lbuf + 2 * kBr;                               // 2 x [Br]
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int key_row0 = warp % kKeyGroups * kMmaM;      // this warp's 16 keys of Kj, Vj
+  const int col0 = warp / kKeyGroups * C::kWarpCols;   // its columns of dK_j, dV_j
+  const int key0 = j * kBc;
+  const int keys_valid = min(kBc, p.Nk - key0);
+  const int Tr = (p.Nq - 1) / kBr + 1;
+  Elem* dKh = p.dK + bh * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
+  Elem* dVh = p.dV + bh * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
+
+  float dK[C::kColTiles][4], dV[C::kColTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < C::kColTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dK[nt][e] = dV[nt][e] = 0.0f;
+  }
+
+  // The Q blocks above the first row that sees key0 are skipped. Keys no row
+  // sees (causal, Nq < Nk) get dK = dV = 0.
+  const std::int64_t row_first = first_row(key0, p.Nq, p.Nk, p.causal);
+  if (row_first >= p.Nq) {
+    store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, 0.0f);
+    store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 0.0f);
+    return;
+  }
+  const int i_first = static_cast<int>(row_first / kBr);
+
+  const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
+  const LaneOffsets<kBc> at_ds(a_point(lane));
+
+  load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(              // line 6
+      Kj, p.K + (bh * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
+  load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
+      Vj, p.V + (bh * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
+  load_q_block<Elem, C>(p, bh, i_first, Qbuf, dObuf, Lbuf, Dbuf);
+  sm80::cp_async_commit();
+
+  for (int i = i_first; i < Tr; ++i) {                                       // line 8
+    const int buf = (i - i_first) % 2;
+    const Elem* Qi = Qbuf + buf * C::kQElems;
+    const Elem* dOi = dObuf + buf * C::kQElems;
+    const float* Ls = Lbuf + buf * kBr;
+    const float* Ds = Dbuf + buf * kBr;
+    sm80::cp_async_wait<0>();
+    // Block i arrived for every warp; every warp is done with block i - 1's
+    // buffers and with the dS tile.
+    __syncthreads();
+    if (i + 1 < Tr) {  // line 9 for the next block, under this one's products
+      const int next = 1 - buf;
+      load_q_block<Elem, C>(p, bh, i + 1, Qbuf + next * C::kQElems, dObuf + next * C::kQElems,
+                            Lbuf + next * kBr, Dbuf + next * kBr);
+    }
+    sm80::cp_async_commit();
+
+    const int q0 = i * kBr;
+    const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
+    const bool whole = whole_tile(keys_valid, p.causal, diag);
+
+    // The Q block's queries in slices of kQSlice: S^T and dP^T of one slice
+    // at a time, so their accumulators take half the registers.
+#pragma unroll 1
+    for (int qs = 0; qs < kBr; qs += kQSlice) {
+      float S[C::kQTiles][4];  // S^T, then P^T: rows keys, columns queries qs ..
+      product_abt<Elem, C::kHeadDim, C::kQTiles>(S, Kj, Qi + qs * C::kHeadDim, key_row0, at_a,
+                                                 at_bk);                     // line 10
+#pragma unroll
+      for (int nt = 0; nt < C::kQTiles; ++nt) {                              // line 11
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_row0 + g + 8 * (e / 2);
+          const int q = qs + nt * kMmaN + 2 * t + e % 2;
+          const float P = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Ls[q]));
+          S[nt][e] = whole || visible(key, q, keys_valid, p.causal, diag) ? P : 0.0f;
+        }
+      }
+      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim,
+                                                              col0, at_bv);  // line 12
+      float dP[C::kQTiles][4];  // dP^T, then dS^T
+      product_abt<Elem, C::kHeadDim, C::kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
+                                                 at_bk);                     // line 13
+#pragma unroll
+      for (int nt = 0; nt < C::kQTiles; ++nt) {                              // line 14
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
+        }
+      }
+      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim,
+                                                              col0, at_bv);  // line 16
+      if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS
+#pragma unroll
+        for (int nt = 0; nt < C::kQTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key_row0 + g + 8 * (e / 2);
+            const int q = qs + nt * kMmaN + 2 * t + e % 2;
+            dS[tile_offset<kBc, true>(q, key)] = from_float<Elem>(dP[nt][e]);
+          }
+        }
+      }
+    }
+
+    if constexpr (kAtomicDQ) {
+      __syncthreads();  // the whole dS tile is in
+      // Warp w takes query rows 16 (w % 4) .. of dQ_i, at its columns.
+      const int q_row0 = warp % kKeyGroups * kMmaM;
+      float* dQh = p.dQ_accum + (bh * p.Nq + q0) * p.d;  // [Nq - q0, d]
+#pragma unroll 1
+      for (int chunk = col0; chunk < col0 + C::kWarpCols && chunk < p.d; chunk += kDQChunk) {
+        float acc[C::kChunkTiles][4];
+#pragma unroll
+        for (int nt = 0; nt < C::kChunkTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < C::kKeySteps; ++kk) {
+          std::uint32_t a[4];
+          load_a<Elem, kBc, true>(a, dS, at_ds, q_row0, kk * kMmaK);
+#pragma unroll
+          for (int np = 0; np < C::kChunkTiles / 2; ++np) {
+            std::uint32_t b[4];
+            load_b_v<Elem, C::kHeadDim, true>(b, Kj, at_bv, kk * kMmaK, chunk + np * 2 * kMmaN);
+            const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+            sm80::mma_m16n8k16<Elem>(acc[2 * np], a, b_lo);
+            sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a, b_hi);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < C::kChunkTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = q_row0 + g + 8 * (e / 2);
+            const int col = chunk + nt * kMmaN + 2 * t + e % 2;
+            if (row < p.Nq - q0 && col < p.d) {
+              atomicAdd(dQh + static_cast<std::int64_t>(row) * p.d + col, acc[nt][e]);
+            }
+          }
+        }
+      }
+    }
+  }
+  // Lines 18-19: dK_j = scale dS^T Q summed, dV_j as summed.
+  store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, p.scale);
+  store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 1.0f);
+  sm80::cp_async_wait<0>();
+  __syncthreads();  // the next head's copies may overwrite the tiles
+}
+
+/// One thread block per (K/V block, head); heads past grid y's limit by a
+/// grid-stride loop. K/V block 0 first: under a causal mask it sees the most
+/// Q blocks.
+template <typename Elem, typename C, bool kAtomicDQ>
+__global__ void __launch_bounds__(C::kThreads) dkdv_kernel(const BackwardParams<Elem> p) {
+  extern __shared__ uint4 smem_chunks[];  // uint4: 16-byte alignment for cp.async
+  auto* smem = reinterpret_cast<unsigned char*>(smem_chunks);
+  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y) {
+    dkdv_block<Elem, C, kAtomicDQ>(p, bh, static_cast<int>(blockIdx.x), smem);
+  }
+}
+
+/// dQ = scale * dQ_accum, rounded to Elem: the atomic variant's last pass.
+template <typename Elem>
+__global__ void convert_dq_kernel(const BackwardParams<Elem> p) {
+  const std::int64_t n = p.heads * p.Nq * p.d;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += stride) {
+    p.dQ[e] = from_float<Elem>(p.scale * p.dQ_accum[e]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The deterministic variant's dQ: one block per (Q block i, head), warps split
+// Q as in the forward; every dQ element summed in one order, no atomics.
+
+template <int kHeadDim_>
+struct DQConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kThreads = kDQWarps * kWarpSize;
+  static constexpr int kKTiles = kBc / kMmaN;        // n8 tiles of S over the keys
+  static constexpr int kDTiles = kHeadDim / kMmaN;   // n8 tiles of dQ
+  static constexpr int kQElems = kBr * kHeadDim;
+  static constexpr int kKVElems = kBc * kHeadDim;
+  // Qi, dOi once; Kj and Vj double-buffered.
+  static constexpr int kSmemBytes = (2 * kQElems + 4 * kKVElems) * 2;
+  static_assert(kBr == kDQWarps * kMmaM, "one m16 tile of query rows per warp");
+};
+
+template <typename Elem, typename C>
+__device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, int i,
+                                unsigned char* smem) {
+  Elem* Qi = reinterpret_cast<Elem*>(smem);  // [Br][kHeadDim]
+  Elem* dOi = Qi + C::kQElems;               // [Br][kHeadDim]
+  Elem* Kbuf = dOi + C::kQElems;             // 2 x [Bc][kHeadDim]
+  Elem* Vbuf = Kbuf + 2 * C::kKVElems;       // 2 x [Bc][kHeadDim]
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int q_row0 = warp * kMmaM;  // this warp's 16 rows of Qi
+  const int q0 = i * kBr;
+  const int rows_valid = min(kBr, p.Nq - q0);
+  const std::int64_t row0 = bh * p.Nq + q0;
+
+  // This lane's rows g and g + 8: their L and D, in registers for the loop.
+  float Lr[2], Dr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = q_row0 + g + 8 * h;
+    Lr[h] = row < rows_valid ? p.L_log2[row0 + row] : INFINITY;
+    Dr[h] = row < rows_valid ? p.D[row0 + row] : 0.0f;
+  }
+  // The keys the block's last row sees: the K/V blocks past them are skipped.
+  const std::int64_t last = static_cast<std::int64_t>(q0) + rows_valid - 1;
+  const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
+  const int block_keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  const int n_blocks = block_keys == 0 ? 0 : (block_keys - 1) / kBc + 1;
+
+  const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
+  auto load_kv = [&](int j, int buf) {
+    const int key0 = j * kBc;
+    load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
+        Kbuf + buf * C::kKVElems, p.K + (bh * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+    load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
+        Vbuf + buf * C::kKVElems, p.V + (bh * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+  };
+  load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, rows_valid,
+                                                              p.d, p.vec);
+  load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, rows_valid,
+                                                              p.d, p.vec);
+  if (n_blocks > 0) load_kv(0, 0);
+  sm80::cp_async_commit();
+
+  float dQ[C::kDTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < C::kDTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dQ[nt][e] = 0.0f;
+  }
+  const Elem* Qw = Qi + q_row0 * C::kHeadDim;    // this warp's rows
+  const Elem* dOw = dOi + q_row0 * C::kHeadDim;
+  for (int j = 0; j < n_blocks; ++j) {
+    const int buf = j % 2;
+    const Elem* Kj = Kbuf + buf * C::kKVElems;
+    const Elem* Vj = Vbuf + buf * C::kKVElems;
+    sm80::cp_async_wait<0>();
+    __syncthreads();  // Kj, Vj (and Qi, dOi) arrived; every warp is done with block j - 1
+    if (j + 1 < n_blocks) load_kv(j + 1, 1 - buf);
+    sm80::cp_async_commit();
+
+    const int key0 = j * kBc;
+    const int keys_valid = min(kBc, p.Nk - key0);
+    const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
+    const bool whole = whole_tile(keys_valid, p.causal, diag);
+
+    float S[C::kKTiles][4];  // S, then P: rows queries, columns keys
+    product_abt<Elem, C::kHeadDim, C::kKTiles>(S, Qw, Kj, 0, at_a, at_bk);
+#pragma unroll
+    for (int nt = 0; nt < C::kKTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = q_row0 + g + 8 * (e / 2);
+        const int key = nt * kMmaN + 2 * t + e % 2;
+        const float P = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Lr[e / 2]));
+        S[nt][e] = whole || visible(key, q, keys_valid, p.causal, diag) ? P : 0.0f;
+      }
+    }
+    float dP[C::kKTiles][4];  // dP, then dS
+    product_abt<Elem, C::kHeadDim, C::kKTiles>(dP, dOw, Vj, 0, at_a, at_bk);
+#pragma unroll
+    for (int nt = 0; nt < C::kKTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dP[nt][e] = S[nt][e] * (dP[nt][e] - Dr[e / 2]);
+    }
+    product_ab<Elem, C::kHeadDim, C::kKTiles, C::kDTiles>(dQ, dP, Kj, 0, at_bv);
+  }
+  sm80::cp_async_wait<0>();  // a block that visits no K/V block still copied Qi, dOi
+  store_rows<Elem, C::kDTiles>(p.dQ + row0 * p.d, dQ, q_row0, 0, rows_valid, p.d, p.scale);
+  __syncthreads();  // the next head's copies may overwrite the tiles
+}
+
+template <typename Elem, typename C>
+__global__ void __launch_bounds__(C::kThreads) dq_kernel(const BackwardParams<Elem> p) {
+  extern __shared__ uint4 smem_chunks[];
+  auto* smem = reinterpret_cast<unsigned char*>(smem_chunks);
+  const int Tr = (p.Nq - 1) / kBr + 1;
+  const int i = Tr - 1 - static_cast<int>(blockIdx.x);  // the heaviest Q blocks first
+  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y) {
+    dq_block<Elem, C>(p, bh, i, smem);
+  }
+}
+
+}  // namespace flashstep::tensor_core::bwd

@@ -1,0 +1,119 @@
+// Stage 07's backward model (host only), in the conventions of the forward's
+// (tensor_core_model.cpp) and stage 05's backward: valid elements only, Q, K,
+// V, O, dO, dQ, dK, dV in p.dtype's bytes, L, D and the fp32 dQ accumulator
+// four.
+//
+// Per head, K/V block j holds C_j keys and is visited by the Q blocks from
+// i_first(j) on (0 unless causal): rows_j valid rows in n_j Q blocks.
+// - Pre-pass: O and dO read, L read, D and L log2 e written, per row; the
+//   atomic variant zeroes dQ's accumulator (4 d per row).
+// - dK, dV kernel: Kj, Vj read once; per visited row Qi, dOi, L, D read;
+//   dK_j, dV_j written once; the atomic variant's dQ adds read and write
+//   4 d per visited row.
+// - Shared memory writes: Kj, Vj once; Qi, dOi, L, D per visited row; the
+//   atomic variant's dS tile (C_j per row).
+// - Shared memory reads, as the warps load fragments: per visited row, the
+//   products S^T = K Q^T and dP^T = V dO^T read Qi's and dOi's d columns once
+//   per warp (W = 4 key groups times the d split) and each warp its own 16
+//   rows of Kj, Vj per slice of kQSlice queries (both warps of a key group
+//   at d = 256); dV += P^T dO and dK += dS^T Q read dOi and Qi once per key
+//   group (each warp its columns); L and D once per key group; the atomic
+//   variant's dQ step reads dS's C_j per row and Kj's C_j d per Q block per
+//   query group of 16 rows.
+// - Matmul FLOPs: the five products, 2 C_j d per row each; at d = 256 the two
+//   warps of a key group both compute S^T and dP^T (counted: executed work).
+//   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
+//   per Q block of R rows over C visited keys) and drops the dQ product from
+//   the dK, dV kernel.
+// - Non-matmul FLOPs: per score the FFMA (2), exp2, dP - D, times P (5); the
+//   deterministic dQ kernel repeats them.
+// - Conversion pass (atomic variant): 4 d read, d elements written per row,
+//   one multiply per element.
+#include <algorithm>
+
+#include "tensor_core.h"
+#include "tensor_core_backward_tiles.h"
+
+namespace flashstep::tensor_core {
+
+namespace {
+
+constexpr std::int64_t kFloatBytes = 4;
+constexpr std::int64_t kFlopsPerScore = 5;
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+template <bool kAtomicDQ>
+Cost backward_model(const Problem& p) {
+  const int bucket = head_dim_bucket(p.d);
+  const std::int64_t e = p.elem_bytes();
+  const std::int64_t d = p.d;
+  const std::int64_t split = bwd::d_split(bucket);
+  const std::int64_t warps = bwd::warps(bucket);
+  const std::int64_t Tc = ceil_div(p.Nk, bwd::kBc);
+  const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
+  const std::int64_t slices = bwd::kBr / bwd::kQSlice;
+  Cost head;
+  for (std::int64_t j = 0; j < Tc; ++j) {
+    const std::int64_t key0 = j * bwd::kBc;
+    const std::int64_t C = std::min<std::int64_t>(bwd::kBc, p.Nk - key0);
+    const std::int64_t first_row = p.causal ? std::max<std::int64_t>(0, key0 + p.Nq - p.Nk) : 0;
+    head.hbm_write_bytes += 2 * C * d * e;  // dK_j, dV_j: zeros when no row sees them
+    if (first_row >= p.Nq) {
+      head.skipped_tiles += Tr;
+      continue;
+    }
+    const std::int64_t i_first = first_row / bwd::kBr;
+    head.skipped_tiles += i_first;
+    const std::int64_t blocks = Tr - i_first;
+    const std::int64_t rows = p.Nq - i_first * bwd::kBr;
+    head.hbm_read_bytes += 2 * C * d * e + rows * (2 * d * e + 2 * kFloatBytes);
+    head.sram_write_bytes += 2 * C * d * e + rows * (2 * d * e + 2 * kFloatBytes);
+    head.sram_read_bytes += rows * (2 * warps + 2 * bwd::kKeyGroups) * d * e +
+                            blocks * slices * 2 * split * C * d * e + rows * bwd::kKeyGroups * 2 * kFloatBytes;
+    const std::int64_t products = kAtomicDQ ? 5 : 4;
+    head.matmul_flops += (products + 2 * (split - 1)) * 2 * rows * C * d;
+    head.nonmatmul_flops += kFlopsPerScore * rows * C;
+    if (kAtomicDQ) {
+      head.hbm_read_bytes += rows * d * kFloatBytes;
+      head.hbm_write_bytes += rows * d * kFloatBytes;
+      head.sram_write_bytes += rows * C * e;
+      head.sram_read_bytes += rows * C * e + blocks * bwd::kKeyGroups * C * d * e;
+    }
+  }
+  if (!kAtomicDQ) {
+    for (std::int64_t i = 0; i < Tr; ++i) {
+      const std::int64_t R = std::min<std::int64_t>(bwd::kBr, p.Nq - i * bwd::kBr);
+      const std::int64_t n = ceil_div(p.visible_keys(i * bwd::kBr + R - 1), bwd::kBc);
+      const std::int64_t C = std::min(n * bwd::kBc, p.Nk);
+      head.hbm_read_bytes += 2 * R * d * e + 2 * R * kFloatBytes + 2 * C * d * e;
+      head.hbm_write_bytes += R * d * e;
+      head.sram_write_bytes += 2 * R * d * e + 2 * C * d * e;
+      // Each warp: its rows of Qi and dOi per K/V block, all of Kj (twice) and Vj.
+      head.sram_read_bytes += n * 2 * R * d * e + bwd::kDQWarps * 3 * C * d * e;
+      head.matmul_flops += 6 * R * C * d;
+      head.nonmatmul_flops += kFlopsPerScore * R * C;
+    }
+  }
+  // Pre-pass: O, dO and L read; D and L log2 e written; D's d multiply-adds.
+  head.hbm_read_bytes += p.Nq * (2 * d * e + kFloatBytes);
+  head.hbm_write_bytes += p.Nq * 2 * kFloatBytes;
+  head.nonmatmul_flops += p.Nq * (2 * d + 1);
+  if (kAtomicDQ) {
+    head.hbm_write_bytes += p.Nq * d * kFloatBytes;             // the accumulator zeroed
+    head.hbm_read_bytes += p.Nq * d * kFloatBytes;              // and converted
+    head.hbm_write_bytes += p.Nq * d * e;
+    head.nonmatmul_flops += p.Nq * d;
+  }
+  Cost c = head.times(p.heads());
+  const std::int64_t heads_y = std::min(p.heads(), bwd::kMaxGridY);
+  c.thread_blocks = Tc * heads_y + (kAtomicDQ ? 0 : Tr * heads_y);
+  return c;
+}
+
+template Cost backward_model<true>(const Problem&);
+template Cost backward_model<false>(const Problem&);
+
+}  // namespace flashstep::tensor_core

@@ -1,0 +1,96 @@
+/// \file tensor_core_backward_tiles.h
+/// \brief Tile shapes of stage 07's backward (FlashAttention-2, Algorithm 2,
+/// on tensor cores), shared by the kernels (tensor_core_backward.cuh), the
+/// closed-form model and the CPU mirror. CUDA-free.
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.h"
+
+namespace flashstep::tensor_core::bwd {
+
+/// Keys per K/V block (the paper's Bc): 4 key groups of 16, one m16 tile of
+/// rows each. A warp owns one key group for the whole life of the block
+/// (Kj, Vj, and the rows of dK_j and dV_j it accumulates), so the block's
+/// Bc is 16 times the key groups.
+inline constexpr int kKeyGroups = 4;
+inline constexpr int kBc = 16 * kKeyGroups;
+
+/// Query rows per streamed Q block (the paper's Br): 64, one m16 tile of
+/// query rows per key group in the dQ step (below).
+inline constexpr int kBr = 64;
+
+/// Queries per slice of the S_ij^T and dP_ij^T accumulators: a warp computes
+/// them for 32 queries at a time, 16 fp32 registers each, beside dK_j's and
+/// dV_j's 2 d / kDSplit. With the whole Q block of 64 at once (32 each) ptxas
+/// spilled at d = 128 and 256 (72 bytes a thread); the slices cost two more
+/// loads of the warp's K and V fragments per Q block.
+inline constexpr int kQSlice = 32;
+
+/// Warps splitting the head dimension of dK_j and dV_j: 1 up to d = 128, 2 at
+/// d = 256, where one warp's 16 x 256 rows of both would take 256 registers
+/// per thread. The two warps of a key group then each recompute the group's
+/// S^T and dP^T (the full d-long products) and keep half of dK_j's and dV_j's
+/// columns: 7/5 of the matmul work at d = 256, for no spilling.
+constexpr int d_split(int head_dim_bucket) { return head_dim_bucket > 128 ? 2 : 1; }
+
+/// Warps per block of the main (dK, dV) kernel.
+constexpr int warps(int head_dim_bucket) { return kKeyGroups * d_split(head_dim_bucket); }
+
+/// Columns of dQ one warp computes at a time from dS_ij K_j (fp32
+/// accumulators, 16 registers), before its atomic adds: bounded so that the
+/// dQ step adds little to the registers dK_j and dV_j hold. ptxas -v on
+/// sm_90: with 64 columns the atomic kernel spills 44 bytes a thread at
+/// d = 128 and 24 at d = 256; with 32 (and no chunk past d), 24 at both
+/// (README.md, "The backward").
+inline constexpr int kDQChunk = 32;
+
+/// The deterministic variant's dQ kernel: one block per (Q block, head), 4
+/// warps of 16 query rows (kBr = 64), streaming K/V blocks of kBc keys; its
+/// dQ accumulators take d / 2 registers per thread.
+inline constexpr int kDQWarps = 4;
+
+/// Grid y holds at most 65535 blocks; beyond that one block takes the same
+/// block of several heads.
+inline constexpr std::int64_t kMaxGridY = 65535;
+
+/// Rows of the pre-pass (D and L in log2 units, dQ's accumulator zeroed) per
+/// thread block: one warp per row.
+inline constexpr int kPrepRowsPerBlock = 8;
+
+/// The mask of one (Q block, K/V block) tile, as offsets into the tile: its
+/// top-left pair is (q0, key0), so key offset `key` (of keys_valid real keys)
+/// and query offset `q` form a visible pair when key < keys_valid and,
+/// causal (bottom-right: query r sees keys <= r + Nk - Nq), key - q <= diag
+/// with diag = q0 + Nk - Nq - key0. The kernels and the CPU mirror test
+/// every pair with these two functions.
+///
+/// tile_diag clamps diag to +-2 (kBr + kBc): beyond that every pair (or no
+/// pair) of the tile is visible alike, and the offsets stay small ints.
+FLASHSTEP_HOST_DEVICE constexpr int tile_diag(std::int64_t q0, std::int64_t key0, std::int64_t Nq,
+                                              std::int64_t Nk) {
+  constexpr std::int64_t kClamp = 2 * (kBr + kBc);
+  const std::int64_t diag = q0 + Nk - Nq - key0;
+  return static_cast<int>(diag < -kClamp ? -kClamp : diag > kClamp ? kClamp : diag);
+}
+
+FLASHSTEP_HOST_DEVICE constexpr bool visible(int key, int q, int keys_valid, bool causal,
+                                             int diag) {
+  return key < keys_valid && (!causal || key - q <= diag);
+}
+
+/// Whether every pair of the tile is visible (no mask to apply): all keys
+/// real, and, causal, the last key against the first query visible.
+FLASHSTEP_HOST_DEVICE constexpr bool whole_tile(int keys_valid, bool causal, int diag) {
+  return keys_valid == kBc && (!causal || kBc - 1 <= diag);
+}
+
+/// The first query row that sees key key0 (0 unless causal; Nq or more when
+/// no row does): the Q blocks above it are skipped.
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t first_row(std::int64_t key0, std::int64_t Nq,
+                                                       std::int64_t Nk, bool causal) {
+  return causal && key0 + Nq - Nk > 0 ? key0 + Nq - Nk : 0;
+}
+
+}  // namespace flashstep::tensor_core::bwd
