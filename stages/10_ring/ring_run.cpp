@@ -70,7 +70,7 @@ int run_ring(const RingOptions& o, const Stage& stage, const Problem& p, std::os
         << (p.dtype == DType::kFp32 ? std::string()
                                      : " from the inputs rounded to " +
                                            std::string(dtype_name(p.dtype)))
-        << (step > 1 ? " on every " + std::to_string(step) + "th query row" : std::string())
+        << (step > 1 ? " on one query row in " + std::to_string(step) : std::string())
         << "...\n";
     truth = forward_truth(p, in, step);
   }

@@ -788,7 +788,7 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         << (t == DType::kFp32 ? std::string()
                               : " from the inputs rounded to " + name + ", beside naive " + name +
                                     " attention,")
-        << (step > 1 ? " on every " + std::to_string(step) + "th query row" : std::string())
+        << (step > 1 ? " on one query row in " + std::to_string(step) : std::string())
         << "...\n";
     Problem typed = p;
     typed.dtype = t;
