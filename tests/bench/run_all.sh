@@ -35,7 +35,9 @@
 #             FlashAttention-2's kernel; skipped without ncu, kept old if no counters)
 #   sweep08   sweep.py --dtype bf16 --stage 07_tensor_core,08, then --dtype fp16 --stage
 #             08_hopper --append -> forward08.csv (stage 08's ladder beside stage 07; needs a
-#             Hopper GPU, elsewhere every stage 08 row says unavailable)
+#             Hopper GPU, elsewhere every stage 08 row says unavailable; the rows are added
+#             to those already recorded, so SWEEP_ARGS="--d 64", then "--d 128", split it
+#             into calls)
 #   ablation08 ablation.py --hopper -> ablation08.csv (ncu on 07_tensor_core and each step of
 #             stage 08's ladder, with the wgmma pipe's activity; skipped without ncu)
 #   decode    decode.py         -> decode.csv   (stage 09 and its one-block contrast on decoding
@@ -70,6 +72,8 @@
 #   bash tests/bench/run_all.sh /tmp/f build causal splitq                 # ~6 min
 #   DECODE_ARGS="--Nq 1 --dtype fp32" bash tests/bench/run_all.sh /tmp/h build decode  # not yet
 #   (then --Nq 1 --dtype bf16, --Nq 4 --dtype fp32, --Nq 4 --dtype bf16: each adds its rows)  # timed
+#   SWEEP_ARGS="--d 64" bash tests/bench/run_all.sh /tmp/i build sweep08   # not timed yet
+#   (then SWEEP_ARGS="--d 128"; each adds its rows to forward08.csv), then build ablation08
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
@@ -282,8 +286,10 @@ for s in "${steps[@]}"; do
     sweep08)
       # Stage 08's ladder beside stage 07 on the paper's sweep, bf16, then
       # the stage in fp16: the comparison issue 14 asks for (>= 1.6x stage 07).
+      # Rows add to those already recorded, so SWEEP_ARGS can split the sweep into calls.
+      [ -s "$results/forward08.csv" ] && cp "$results/forward08.csv" "$log/forward08.csv"
       step sweep08 "$py" tests/bench/sweep.py --flashstep "$exe" --dtype bf16 \
-        --stage 07_tensor_core,08 --out "$log/forward08.csv" "${sweep_args[@]}"
+        --stage 07_tensor_core,08 --append --out "$log/forward08.csv" "${sweep_args[@]}"
       step sweep08_fp16 "$py" tests/bench/sweep.py --flashstep "$exe" --dtype fp16 \
         --stage 08_hopper --append --out "$log/forward08.csv" "${sweep_args[@]}"
       record sweep08 forward08.csv
