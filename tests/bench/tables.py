@@ -547,20 +547,37 @@ def sweep16_body(rows16, peers, traffic):
     return "\n".join(parts)
 
 
-def has_ablation(rows16):
-    """Whether forward16.csv holds the ladder at the ablation problem: what the ablation
-    table and plots.py's ablation.png need."""
-    return any(r["stage"] in STEPS and int(r["Nq"]) == ABLATION_N and r["causal"] == "0"
+def has_ablation(rows16, steps=STEPS):
+    """Whether forward16.csv (forward08.csv) holds the ladder at the ablation problem:
+    what the ablation table and plots.py's ablation.png need."""
+    return any(r["stage"] in steps and int(r["Nq"]) == ABLATION_N and r["causal"] == "0"
                and dtype_of(r) == "bf16" and r["TFLOP/s"] for r in rows16)
 
 
-def ablation_body(rows16, ablation, peers):
+# What an ablation table is made of: stage 07's ladder here, stage 08's below.
+# steps, adds, counter: the ladder and, per step, what it adds and the ncu
+# column that should show it; sweep, csv: the CSVs of its TFLOP/s and its ncu
+# counters; record: run_all.sh's steps for each; peer: (peers.csv's stage, label,
+# what it is, the step compared with it); plot: the PNG under the table.
+LADDER07 = {"steps": STEPS, "adds": STEP_ADDS, "counter": STEP_COUNTER,
+            "sweep": "forward16.csv", "csv": "ablation.csv",
+            "record": ("build sweep16 ablation", "build ablation"),
+            "peer": (FA2_PEER, "FlashAttention-2 (PyTorch SDPA flash bf16)",
+                     "the kernel stage 07 rebuilds", TENSOR_CORE),
+            "plot": "ablation.png"}
+
+
+def ablation_body(rows16, ablation, peers, ladder_spec=LADDER07):
     """stages/07_tensor_core/README.md's <!-- results:ablation -->: each step's TFLOP/s at
     N = 4096 (forward16.csv), its gain over the step before, the ncu counter that shows
-    why (ablation.csv), and every counter of every step beside FlashAttention-2's kernel."""
-    if not has_ablation(rows16):
-        return not_recorded("The ablation", "build sweep16 ablation")
-    ladder = [r for r in rows16 if r["stage"] in STEPS and dtype_of(r) == "bf16"
+    why (ablation.csv), and every counter of every step beside FlashAttention-2's kernel.
+    With LADDER08, the same for stage 08 (forward08.csv, ablation08.csv) beside cuDNN."""
+    spec = ladder_spec
+    steps, step_adds, step_counter = spec["steps"], spec["adds"], spec["counter"]
+    peer, peer_label, peer_what, compared = spec["peer"]
+    if not has_ablation(rows16, steps):
+        return not_recorded("The ablation", spec["record"][0])
+    ladder = [r for r in rows16 if r["stage"] in steps and dtype_of(r) == "bf16"
               and int(r["Nq"]) == ABLATION_N and r["causal"] == "0"]
     ds = sorted({int(r["d"]) for r in ladder})
 
@@ -586,22 +603,23 @@ def ablation_body(rows16, ablation, peers):
     if ablation:
         head += ["ncu counter"] + [f"d = {d}: before → after" for d in ds]
     lines = [f"**The ladder** at N = {ABLATION_N}, B = {b['B']}, H = 2048/d, non-causal, bf16: "
-             "TFLOP/s from the sweep (forward16.csv; 4·B·H·N²·d / median time), the gain over "
+             f"TFLOP/s from the sweep ({spec['sweep']}; 4·B·H·N²·d / median time), the gain over "
              "the step before"
-             + (", and the Nsight Compute counter the step's idea should move (ablation.csv, "
-                "one profiled run, `--clock-control none`)" if ablation else "") + ".", "",
+             + (", and the Nsight Compute counter the step's idea should move "
+                f"({spec['csv']}, one profiled run, `--clock-control none`)" if ablation else "")
+             + ".", "",
              "| " + " | ".join(head) + " |",
              "| --- | --- |" + " ---: | ---: |" * len(ds)
              + (" --- |" + " ---: |" * len(ds) if ablation else "")]
     prev = None
-    for stage in STEPS:
-        cells = [stage, STEP_ADDS[stage]]
+    for stage in steps:
+        cells = [stage, step_adds[stage]]
         for d in ds:
             now = tflops(rows16, stage, d)
             before = tflops(rows16, prev, d) if prev else None
             cells += [f"{now:.1f}" if now else "–",
                       f"×{now / before:.2f}" if now and before else "–"]
-        column, label = STEP_COUNTER[stage]
+        column, label = step_counter[stage]
         if ablation:
             cells.append(label)
             for d in ds:
@@ -611,31 +629,31 @@ def ablation_body(rows16, ablation, peers):
                              else f"{show(column, before)} → {show(column, after)}")
         lines.append("| " + " | ".join(cells) + " |")
         prev = stage
-    fa2 = [r for r in peers if r["stage"] == FA2_PEER]
+    fa2 = [r for r in peers if r["stage"] == peer]
     if fa2:
-        cells = ["FlashAttention-2 (PyTorch SDPA flash bf16)", "the kernel stage 07 rebuilds"]
+        cells = [peer_label, peer_what]
         for d in ds:
-            theirs = tflops(fa2, FA2_PEER, d)
-            mine = tflops(rows16, TENSOR_CORE, d)
+            theirs = tflops(fa2, peer, d)
+            mine = tflops(rows16, compared, d)
             cells += [f"{theirs:.1f}" if theirs else "–",
-                      f"07 at {mine / theirs:.0%}" if mine and theirs and same_gpu(rows16, fa2)
-                      else "–"]
+                      f"{compared[:2]} at {mine / theirs:.0%}"
+                      if mine and theirs and same_gpu(rows16, fa2) else "–"]
         if ablation:
-            column, label = STEP_COUNTER[TENSOR_CORE]
+            column, label = step_counter[compared]
             cells += [label] + [show(column, counter(ABLATION_PEER, d, column)) for d in ds]
         lines.append("| " + " | ".join(cells) + " |")
-    parts = ["\n".join(lines) + "\n", provenance(rows16, "forward16.csv")
+    parts = ["\n".join(lines) + "\n", provenance(rows16, spec["sweep"])
              + (" " + peers_provenance(fa2, "") if fa2 else "") + "\n"]
     if ablation:
-        parts.append(ablation_counters(ablation))
-        parts.append(provenance(ablation, "ablation.csv")
+        parts.append(ablation_counters(ablation, spec["csv"]))
+        parts.append(provenance(ablation, spec["csv"])
                      + (f" _FlashAttention-2's `{next(r['kernel'] for r in ablation if r['stage'] == ABLATION_PEER) or 'flash_fwd'}` "
                         f"kernel through PyTorch {next(r['torch'] for r in ablation if r['stage'] == ABLATION_PEER)}._"
                         if any(r["stage"] == ABLATION_PEER for r in ablation) else "") + "\n")
     else:
-        parts.append(not_recorded("The ncu counters of the ladder", "build ablation"))
+        parts.append(not_recorded("The ncu counters of the ladder", spec["record"][1]))
     parts.append("![Each step's TFLOP/s and where its warps stall]"
-                 "(../../docs/results/plots/ablation.png)\n")
+                 f"(../../docs/results/plots/{spec['plot']})\n")
     return "\n".join(parts)
 
 
@@ -645,24 +663,31 @@ ABLATION_COLUMNS = [("duration_ns", "ms (ncu)"), ("instructions", "warp instr.")
                     ("smem_ld_wavefronts", "smem wavefr. ld"), ("smem_st_wavefronts", "smem wavefr. st"),
                     ("tensor_active_pct", "tensor active %"), ("registers", "regs"),
                     ("occupancy_pct", "occupancy %")]
+# ablation08.csv's extra column (ablation.py --hopper): the tensor pipe as wgmma uses it.
+HOPPER_COLUMNS = [("gmma_active_pct", "wgmma active %")]
 STALL_LABELS = {"stall_barrier": "barrier", "stall_long_scoreboard": "long sb",
                 "stall_short_scoreboard": "short sb", "stall_wait": "wait",
                 "stall_math_pipe_throttle": "math throttle", "stall_mio_throttle": "mio throttle",
                 "stall_lg_throttle": "lg throttle"}
 
 
-def ablation_counters(ablation):
-    """Every counter of ablation.csv, a table per d: the ladder and FlashAttention-2."""
-    out = ["**Every counter** (ablation.csv): shared-memory bank conflicts and wavefronts "
+def ablation_counters(ablation, name="ablation.csv"):
+    """Every counter of ablation.csv (ablation08.csv), a table per d: the ladder and
+    FlashAttention-2; the wgmma pipe's activity where the CSV has it (ablation.py --hopper)."""
+    hopper = [(c, h) for c, h in HOPPER_COLUMNS if any(r.get(c) for r in ablation)]
+    columns = ABLATION_COLUMNS + hopper
+    out = [f"**Every counter** ({name}): shared-memory bank conflicts and wavefronts "
            "(`l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{ld,st}`, "
            "`l1tex__data_pipe_lsu_wavefronts_mem_shared_op_{ld,st}`), tensor pipe active "
-           "(`sm__pipe_tensor_op_hmma_cycles_active`), and the warp stalls: cycles a warp waits "
+           "(`sm__pipe_tensor_op_hmma_cycles_active`"
+           + (", and `sm__pipe_tensor_op_gmma_cycles_active` for wgmma" if hopper else "")
+           + "), and the warp stalls: cycles a warp waits "
            "for that reason per instruction issued "
            "(`smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio`).", ""]
     for d in sorted({int(r["d"]) for r in ablation}):
         rows = [r for r in ablation if int(r["d"]) == d]
         stalls = [c for c in STALL_LABELS if any(c in r for r in rows)]
-        head = ["d = " + str(d)] + [h for _, h in ABLATION_COLUMNS] + \
+        head = ["d = " + str(d)] + [h for _, h in columns] + \
                [f"stall: {STALL_LABELS[c]}" for c in stalls]
         out += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
         for r in rows:
@@ -672,7 +697,7 @@ def ablation_counters(ablation):
                            + " |" * (len(head) - 2))
                 continue
             cells = []
-            for c, _ in ABLATION_COLUMNS:
+            for c, _ in columns:
                 v = r.get(c, "")
                 if not v:
                     cells.append("–")
