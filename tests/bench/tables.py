@@ -50,7 +50,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RESULTS = os.path.join(ROOT, "docs", "results")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ablation import PEER as ABLATION_PEER, STEPS  # noqa: E402
+from ablation import HOPPER_STEPS, PEER as ABLATION_PEER, STEPS  # noqa: E402
 
 # peers.py's stage names, as the tables label them: fp32 rows join the stages'
 # tables; 16-bit rows join stage 07's.
@@ -652,8 +652,9 @@ def ablation_body(rows16, ablation, peers, ladder_spec=LADDER07):
                         if any(r["stage"] == ABLATION_PEER for r in ablation) else "") + "\n")
     else:
         parts.append(not_recorded("The ncu counters of the ladder", spec["record"][1]))
-    parts.append("![Each step's TFLOP/s and where its warps stall]"
-                 f"(../../docs/results/plots/{spec['plot']})\n")
+    if spec["plot"]:
+        parts.append("![Each step's TFLOP/s and where its warps stall]"
+                     f"(../../docs/results/plots/{spec['plot']})\n")
     return "\n".join(parts)
 
 
@@ -757,6 +758,132 @@ def tiles_body(tiles):
                          f"{int(rows[0]['smem bytes']) / 1024:g} | {rows[0]['blocks per SM']} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + provenance(tiles, "tiles.csv") + "\n"
+
+
+# ------------------------------------------------------------------ stage 08, Hopper
+
+HOPPER = "08_hopper"  # the stage (the last step of its ladder), and its folder
+CUDNN_PEER = "sdpa_cudnn_bf16"
+# Issue 14's goal, bf16, from this N on: 08_hopper at least cuDNN's speed and
+# 1.6 times stage 07's.
+GOAL_N, GOAL_CUDNN, GOAL_07 = 2048, 1.0, 1.6
+# What each step of stage 08's ladder adds (hopper_model.cpp, the stage's
+# README), and the ablation08.csv counter that should show it.
+STEP_ADDS08 = {
+    TENSOR_CORE: "stage 07: mma.sync, ldmatrix, cp.async, P~ in registers",
+    "08_step1_wgmma_sync": "wgmma for both products, each waited for at once; tiles copied "
+                           "by the threads",
+    "08_step2_tma_pipeline": "+ TMA copies on mbarriers, two K/V buffers",
+    "08_step3_warp_specialized": "+ a producer warpgroup and two consumers (setmaxnreg)",
+    "08_step4_ping_pong": "+ ping-pong: one consumer's softmax under the other's wgmma",
+    HOPPER: "+ the softmax under the next products inside each consumer",
+}
+STEP_COUNTER08 = {
+    TENSOR_CORE: ("tensor_active_pct", "tensor pipe active (mma.sync), %"),
+    "08_step1_wgmma_sync": ("gmma_active_pct", "wgmma pipe active, %"),
+    "08_step2_tma_pipeline": ("instructions", "warp instructions"),
+    "08_step3_warp_specialized": ("stall_barrier", "barrier stall, cycles per instruction"),
+    "08_step4_ping_pong": ("gmma_active_pct", "wgmma pipe active, %"),
+    HOPPER: ("gmma_active_pct", "wgmma pipe active, %"),
+}
+LADDER08 = {"steps": HOPPER_STEPS, "adds": STEP_ADDS08, "counter": STEP_COUNTER08,
+            "sweep": "forward08.csv", "csv": "ablation08.csv",
+            "record": ("build sweep08 ablation08", "build ablation08"),
+            "peer": (CUDNN_PEER, "cuDNN (PyTorch SDPA cuDNN bf16)",
+                     f"the target: ≥ {GOAL_CUDNN:.1f}x", HOPPER),
+            "plot": None}
+
+
+def times_cells(ours, theirs, ns):
+    """ours / theirs per N as a factor (×1.62), '–' where either is missing."""
+    return [f"×{ours[n] / theirs[n]:.2f}" if ours.get(n) and theirs.get(n) else "–" for n in ns]
+
+
+def hopper_goal(rows08, theirs):
+    """Issue 14's goal per (d, causal) at N ≥ GOAL_N: the lowest and highest 08_hopper ÷ cuDNN
+    and 08_hopper ÷ 07_tensor_core, and whether the lowest of each meets it."""
+    lines = [f"**The goal** (issue 14: bf16, N ≥ {GOAL_N}, 08_hopper ≥ {GOAL_CUDNN:.1f}x cuDNN "
+             f"and ≥ {GOAL_07:.1f}x 07_tensor_core; lowest – highest over N):", "",
+             "| d | causal | 08_hopper ÷ cuDNN | 08_hopper ÷ 07_tensor_core | goal |",
+             "| ---: | --- | ---: | ---: | --- |"]
+    for d in (64, 128):
+        for causal in ("0", "1"):
+            mine = tflops_by_n(rows08, HOPPER, "bf16", d, causal)
+            if not mine:
+                continue
+            ns = [n for n in sorted(mine) if n >= GOAL_N]
+            cudnn = tflops_by_n(theirs, CUDNN_PEER, "bf16", d, causal)
+            base = tflops_by_n(rows08, TENSOR_CORE, "bf16", d, causal)
+            cells, met = [], []
+            for other, goal in ((cudnn, GOAL_CUDNN), (base, GOAL_07)):
+                r = [mine[n] / other[n] for n in ns if other.get(n)]
+                cells.append(f"×{min(r):.2f} – ×{max(r):.2f}" if r else "–")
+                met.append(min(r) >= goal if r else None)
+            verdict = ("–" if None in met else "met" if all(met) else
+                       "not met: " + " and ".join(w for w, m in zip(("cuDNN", "07"), met) if not m))
+            lines.append(f"| {d} | {'yes' if causal == '1' else 'no'} | {cells[0]} | {cells[1]} "
+                         f"| {verdict} |")
+    return "\n".join(lines) + "\n" if len(lines) > 4 else ""
+
+
+def hopper_body(rows08, peers, ceilings, ladder=True):
+    """<!-- results --> of stages/08_hopper/README.md (ladder: every step of stage 08 and its
+    fp16) and <!-- results:hopper --> of README.md (07_tensor_core and 08_hopper alone):
+    forward08.csv's TFLOP/s against N beside SDPA's FlashAttention-2 and cuDNN in bf16,
+    08_hopper's factor over 07_tensor_core, cuDNN and FlashAttention-2, its share of the
+    measured bf16 ceilings, and the goal; until forward08.csv is recorded, says so."""
+    if not rows08:
+        return not_recorded("Stage 08's sweep beside stage 07 (forward08.csv)",
+                            "build sweep08 tables plots")
+    theirs = [r for r in peers if r["stage"] in (FA2_PEER, CUDNN_PEER)]
+    compare = same_gpu(rows08, theirs)
+    ceil = ceiling_values(ceilings) if same_gpu(rows08, ceilings) else {}
+    ns = sorted({int(r["Nq"]) for r in rows08})
+    stages = HOPPER_STEPS if ladder else (TENSOR_CORE, HOPPER)
+    parts = []
+    if theirs and not compare:
+        parts.append(other_gpu_note(rows08, "forward08.csv", theirs, "peers.csv"))
+    if ceilings and not ceil:
+        parts.append(other_gpu_note(rows08, "forward08.csv", ceilings, "ceilings.csv"))
+    if compare:
+        parts.append(hopper_goal(rows08, theirs))
+    for d in (64, 128):
+        for causal in ("0", "1"):
+            if not any(int(r["d"]) == d and r["causal"] == causal for r in rows08):
+                continue
+            lines = [(f"{s} bf16", [peer_cell(pick(rows08, s, "bf16", d, causal, n), 1) for n in ns])
+                     for s in stages if any(r["stage"] == s for r in rows08)]
+            if ladder and any(r["stage"] == HOPPER and dtype_of(r) == "fp16" for r in rows08):
+                lines.append((f"{HOPPER} fp16",
+                              [peer_cell(pick(rows08, HOPPER, "fp16", d, causal, n), 1) for n in ns]))
+            for peer in (FA2_PEER, CUDNN_PEER):
+                if any(r["stage"] == peer for r in theirs):
+                    lines.append((PEERS16[peer], [peer_cell(pick(theirs, peer, "bf16", d, causal, n), 1)
+                                                  for n in ns]))
+            mine = tflops_by_n(rows08, HOPPER, "bf16", d, causal)
+            lines.append(("08 ÷ 07", times_cells(mine, tflops_by_n(rows08, TENSOR_CORE, "bf16",
+                                                                   d, causal), ns)))
+            if compare:
+                lines += [("08 ÷ cuDNN", times_cells(mine, tflops_by_n(theirs, CUDNN_PEER, "bf16",
+                                                                       d, causal), ns)),
+                          ("08 ÷ FlashAttention-2",
+                           times_cells(mine, tflops_by_n(theirs, FA2_PEER, "bf16", d, causal), ns))]
+            for name, value in ceil.items():
+                lines.append((f"08 ÷ {CEILING_LABELS[name]} ({value:.0f} TFLOP/s, measured)",
+                              ratio_cells(mine, {n: value for n in ns}, ns)))
+            parts.append(table16(f"**bf16, d = {d}, {'causal' if causal == '1' else 'non-causal'}** "
+                                 f"({TFLOP_RULE})", ns, lines))
+    notes = [provenance(rows08, "forward08.csv")]
+    if theirs:
+        notes.append(peers_provenance(theirs, ""))
+    if ceil:
+        notes.append(provenance([r for r in ceilings if r["ceiling"] in ceil], "ceilings.csv")
+                     + " _mma.sync bf16 peak: flashstep_mma_peak, stage 07's instruction; "
+                     "cuBLAS bf16 GEMM: what the chip reaches with wgmma._")
+    plot = "docs/results/plots/hopper_tflops_vs_n.png"
+    return ("\n".join(parts) + "\n" + "\n\n".join(notes) + "\n\n"
+            "![Stage 08's ladder beside stage 07, FlashAttention-2 and cuDNN: bf16 TFLOP/s "
+            f"against N]({plot if not ladder else '../../' + plot})\n")
 
 
 # ------------------------------------------------------------------ causal ablation
@@ -1005,16 +1132,24 @@ def main():
                     if traffic32 else "")
     body_backward = backward_body()
     body_tc = tensor_core_body(rows16, peers, ceilings)
+    rows08 = read("forward08.csv")
     causal, split_q_profile = read("causal.csv"), read("split_q_profile.csv")
     edits[readme] = [("results:causal", causal_body(causal)),
                      ("results:forward", body_fwd), ("results:traffic", body_traffic),
                      ("results:long", long_table(fp32_only(read("long.csv")))),
                      ("results:glance", glance_table(fwd, rows16)),
-                     ("results:backward", body_backward), ("results:tensor_core", body_tc)]
+                     ("results:backward", body_backward), ("results:tensor_core", body_tc),
+                     ("results:hopper", hopper_body(rows08, peers, ceilings, ladder=False))]
 
     for folder in sorted(os.listdir(os.path.join(ROOT, "stages"))):
         path = os.path.join(ROOT, "stages", folder, "README.md")
         if not os.path.exists(path):
+            continue
+        if folder == HOPPER:
+            # Stage 08 runs in 16 bits on Hopper: its sweep beside stage 07, and its ladder.
+            edits[path] = [("results", hopper_body(rows08, peers, ceilings)),
+                           ("results:ablation", ablation_body(rows08, read("ablation08.csv"),
+                                                              peers, LADDER08))]
             continue
         if folder == TENSOR_CORE:
             # Stage 07 runs in 16 bits: its sweep, ladder and tile shapes.
