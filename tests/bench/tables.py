@@ -845,8 +845,7 @@ def hopper_body(rows08, peers, ceilings, ladder=True):
         parts.append(other_gpu_note(rows08, "forward08.csv", theirs, "peers.csv"))
     if ceilings and not ceil:
         parts.append(other_gpu_note(rows08, "forward08.csv", ceilings, "ceilings.csv"))
-    if compare:
-        parts.append(hopper_goal(rows08, theirs))
+    parts.append(hopper_goal(rows08, theirs if compare else []))
     for d in (64, 128):
         for causal in ("0", "1"):
             if not any(int(r["d"]) == d and r["causal"] == causal for r in rows08):
