@@ -43,6 +43,12 @@ and from ring.csv (ring.py: stage 10 on several GPUs), once recorded:
 
 The fp32 plots show fp32 rows only (a row without a dtype column is fp32).
 
+and from forward08.csv (sweep.py --stage 07_tensor_core,08: stage 08's ladder beside
+stage 07), with the bf16 peers, once recorded:
+
+  hopper_tflops_vs_n.png   bf16 TFLOP/s against N: 07_tensor_core and each step of stage
+                           08, SDPA's FlashAttention-2 and cuDNN
+
 and plots.json, the fingerprint (sha256) of the CSVs and of this script the
 PNGs were drawn from, and the stages' modelled memory that backward_memory.png
 shows, with the hashes of the sources that model comes from. Like tables.py,
@@ -71,9 +77,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tables  # noqa: E402
 from ablation import PEER as ABLATION_PEER, STEPS  # noqa: E402
-from tables import (ABLATION_N, BACKWARD_LABELS, FA2_PEER, FP32_PEERS, PEERS16,  # noqa: E402
-                    ROOT, STALL_LABELS, TENSOR_CORE, dtype_of, fp32_only, has_ablation, read,
-                    same_gpu)
+from ablation import HOPPER_STEPS  # noqa: E402
+from tables import (ABLATION_N, BACKWARD_LABELS, CUDNN_PEER, FA2_PEER, FP32_PEERS,  # noqa: E402
+                    PEERS16, ROOT, STALL_LABELS, TENSOR_CORE, dtype_of, fp32_only, has_ablation,
+                    read, same_gpu)
 
 # Where the CSVs are read and the plots written (--results changes both).
 RESULTS = tables.RESULTS
@@ -81,7 +88,7 @@ PLOTS = os.path.join(RESULTS, "plots")
 SIDECAR = os.path.join(PLOTS, "plots.json")
 INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv", "backward.csv",
           "backward_memory.csv", "forward16.csv", "ablation.csv", "causal.csv", "ring.csv",
-          "decode.csv")
+          "decode.csv", "forward08.csv")
 FLASHSTEP = os.path.join(ROOT, "build", "stages", "cli", "flashstep")
 # backward_memory.png: the stages whose allocation the CLI's model gives, the
 # N it is drawn at (B = 1, H = 2048/d, as backward_memory.csv), and the sources
@@ -849,6 +856,49 @@ def ablation_figure(rows16, peers, ablation):
     return fig
 
 
+def hopper_figure(rows08, peers):
+    """Stage 08: 2 x 2 panels (d x causal) of bf16 TFLOP/s against N, 07_tensor_core and
+    each step of stage 08's ladder (forward08.csv, shades of blue as the steps add up),
+    SDPA's FlashAttention-2 and cuDNN dashed (peers.csv, when from the same GPU)."""
+    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
+    stages = [r for r in rows08 if dtype_of(r) == "bf16"]
+    theirs = [r for r in peers if r["stage"] in (FA2_PEER, CUDNN_PEER)] \
+        if same_gpu(rows08, peers) else []
+    colour = {s: colormaps["Blues"](0.35 + 0.6 * k / (len(HOPPER_STEPS) - 1))
+              for k, s in enumerate(HOPPER_STEPS)}
+    colour[TENSOR_CORE] = colormaps["Reds"](LADDER_SHADES[-1])  # stage 07's colour elsewhere
+    ns = sorted({int(r["Nq"]) for r in stages})
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10))
+    for i, d in enumerate((64, 128)):
+        for j, causal in enumerate(("0", "1")):
+            ax = axes[i][j]
+            for stage in HOPPER_STEPS:
+                pts = series(stages, stage, d, causal == "1", "TFLOP/s")
+                if pts:
+                    ax.plot([n for n, _ in pts], [v for _, v in pts], marker="o",
+                            color=colour[stage], label=stage)
+            for peer, look in ((FA2_PEER, ("0.25", "--")), (CUDNN_PEER, ("C9", "--"))):
+                pts = series([r for r in theirs if dtype_of(r) == "bf16"], peer, d,
+                             causal == "1", "TFLOP/s")
+                if pts:
+                    ax.plot([n for n, _ in pts], [v for _, v in pts], color=look[0],
+                            linestyle=look[1], marker="s", label=PEERS16[peer])
+            if ns:
+                log2_n_axis(ax, ns)
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel("TFLOP/s")
+            ax.set_title(f"d = {d}, {'causal' if causal == '1' else 'non-causal'}")
+            ax.legend(fontsize=7, loc="lower right")
+    src = provenance(rows08, "forward08.csv")
+    if theirs:
+        src += f"; {provenance(theirs, 'peers.csv')}"
+    fig.suptitle(f"Stage 08 on Hopper, bf16 forward, TFLOP/s ({FLOP_RULE}; {SWEEP_RULE})\n{src}",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def ring_figure(ring):
     """Stage 10: weak scaling's efficiency (TFLOP/s per GPU over one GPU's, at the same
     tokens per GPU) and strong scaling's speed-up (one GPU's time over P GPUs')."""
@@ -951,7 +1001,7 @@ def draw(out, flashstep=FLASHSTEP):
     import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "flashstep"  # no randomness anywhere
-    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal, ring, decode = (
+    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal, ring, decode, rows08 = (
         read(n) for n in INPUTS)
     fwd = fp32_only(fwd)
     if not fwd:
@@ -1021,6 +1071,11 @@ def draw(out, flashstep=FLASHSTEP):
         drawn.append("decode_bandwidth.png")
     else:
         print("plots: no docs/results/decode.csv (tests/bench/decode.py): no decode plot")
+    if rows08:
+        save(hopper_figure(rows08, peers), "hopper_tflops_vs_n.png", out)
+        drawn.append("hopper_tflops_vs_n.png")
+    else:
+        print("plots: no docs/results/forward08.csv (run_all.sh sweep08): no stage 08 plot")
     return drawn, model
 
 
