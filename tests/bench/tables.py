@@ -32,7 +32,16 @@ README.md), and in stages/07_tensor_core/README.md <!-- results:begin/end -->
 (the whole 16-bit sweep with the peers), <!-- results:ablation:begin/end -->
 and <!-- results:tiles:begin/end -->, and backward16.csv (backward16.py: its
 bf16 backwards with SDPA's) <!-- results:backward16:begin/end -->; a section
-whose CSV is not recorded yet says so. The fp32 tables show fp32 rows only (a row without a dtype is fp32).
+whose CSV is not recorded yet says so.
+
+Stage 08 (Hopper) has forward08.csv (run_all.sh step sweep08: sweep.py --stage
+07_tensor_core,08 in bf16, the stage in fp16) and ablation08.csv (ablation.py
+--hopper). They fill, in stages/08_hopper/README.md, <!-- results:begin/end -->
+(every step of the ladder beside stage 07 and the bf16 peers, 08_hopper's factor
+over 07, cuDNN and FlashAttention-2, its share of the bf16 ceilings, issue 14's
+goal) and <!-- results:ablation:begin/end --> (as stage 07's), and in README.md
+<!-- results:hopper:begin/end --> (07 and 08_hopper alone); until recorded, they say so.
+The fp32 tables show fp32 rows only (a row without a dtype is fp32).
 Tables are never typed by hand: edit the CSVs by re-running the benchmarks,
 then this.
 
