@@ -68,20 +68,21 @@ def blocks(out):
 
 
 def render(results):
-    out = tempfile.mkdtemp(prefix="tables08_out_")
-    subprocess.run([sys.executable, os.path.join(HERE, "tables.py"), "--results", results,
-                    "--out", out], check=True, capture_output=True, text=True)
-    return blocks(out)
+    with tempfile.TemporaryDirectory(prefix="tables08_out_") as out:
+        subprocess.run([sys.executable, os.path.join(HERE, "tables.py"), "--results", results,
+                        "--out", out], check=True, capture_output=True, text=True)
+        return blocks(out)
 
 
 def main():
-    folder = tempfile.mkdtemp(prefix="tables08_csv_")
-    synthetic(folder)
-    got = render(folder)
+    with tempfile.TemporaryDirectory(prefix="tables08_csv_") as folder:
+        synthetic(folder)
+        got = render(folder)
     stage, ablation = got["stages/08_hopper/README.md", "results"], \
         got["stages/08_hopper/README.md", "results:ablation"]
     top = got["README.md", "results:hopper"]
-    empty = render(tempfile.mkdtemp(prefix="tables08_none_"))
+    with tempfile.TemporaryDirectory(prefix="tables08_none_") as none:
+        empty = render(none)
     checks = [
         ("every step of the ladder in the stage's table",
          all(f"| {s} bf16 | " in stage for s in TFLOPS)),
