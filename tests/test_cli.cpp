@@ -500,3 +500,39 @@ TEST_CASE("cli: info prints the device's facts, or one line and exit 1 without a
     CHECK(r.err.find("no usable CUDA device") != std::string::npos);
   }
 }
+
+TEST_CASE("cli: 16-bit gradients are checked against a naive backward reading the stage's O") {
+  // Stage 07's backward in fp16, where a naive reading its own O failed
+  // correct backwards at tiny d (common/check.h, BackwardTruth), over a few
+  // seeds; then a problem above the all-heads budget, where the naive reads
+  // head 0's rows of the stage's O (rows of another head would fail
+  // backward_truth's forward check: an error, exit 1).
+  const auto run16 = [](std::vector<std::string> args) {
+    for (const char* a : {"--backward", "--dtype", "fp16", "--iters", "0", "--format", "csv"}) {
+      args.emplace_back(a);
+    }
+    return run_cli(args);
+  };
+  if (!flashstep::cuda_device_available()) {
+    const Result r = run16({"--stage", "07_tensor_core", "--d", "1"});
+    CHECK(r.err.find("no usable CUDA device") != std::string::npos);
+    return;
+  }
+  for (int seed = 0; seed < 8; ++seed) {
+    CAPTURE(seed);
+    const Result r = run16({"--stage", "07_tensor_core,07_tensor_core_deterministic", "--B", "2",
+                            "--H", "3", "--Nq", "77", "--Nk", "45", "--d", "1", "--causal",
+                            "--seed", std::to_string(seed)});
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
+    CHECK(r.err.find("reading the stage's O") != std::string::npos);
+    CHECK(r.err.find("its own O") == std::string::npos);
+  }
+  // 16 heads of 2048 x 2048 x 64: 4.3e9 multiply-adds, over the CLI's
+  // all-heads budget of 4e9; head 0 alone is checked. (Not grouped: no
+  // backward runs H_kv < H yet, and --backward refuses it.)
+  const Result r = run16({"--stage", "07_tensor_core", "--H", "16", "--N", "2048", "--d", "64"});
+  CAPTURE(r.err);
+  CHECK(r.code == 0);
+  CHECK(r.err.find("reading the stage's O, of head 0 only") != std::string::npos);
+}

@@ -338,17 +338,23 @@ bool gradients_checkable(const Problem& p, std::int64_t heads) {
 // type and the rule's floors), for the inputs rounded to p.dtype: all heads
 // when affordable, else head 0 alone (heads are independent), else none. A
 // head-0-only truth has one head's elements; check_backward() then checks the
-// first head of each gradient.
+// first head of each gradient. In 16 bits the naive backward reads O_read,
+// the forward's O [B,H,Nq,d] that the stage's backward read (backward_truth
+// says why; head 0 alone: its first Nq x d elements, batch 0 and head 0 as
+// for the inputs), or its own O when O_read is null. Unused in fp32.
 std::optional<BackwardTruth> reference_gradients(const Problem& p, const Inputs& in,
                                                  const std::vector<float>& dO,
+                                                 const std::vector<float>* O_read,
                                                  std::ostream& err) {
   const std::string in_type =
-      p.dtype == DType::kFp32 ? std::string()
-                              : " from the inputs rounded to " + std::string(dtype_name(p.dtype)) +
-                                    ", beside the naive backward in that type,";
+      p.dtype == DType::kFp32
+          ? std::string()
+          : " from the inputs rounded to " + std::string(dtype_name(p.dtype)) +
+                ", beside the naive backward in that type reading " +
+                (O_read != nullptr ? "the stage's O" : "its own O") + ",";
   if (gradients_checkable(p, p.heads())) {
     err << "flashstep: fp64 reference gradients" << in_type << "...\n";
-    return backward_truth(p, in, dO);
+    return backward_truth(p, in, dO, O_read);
   }
   if (gradients_checkable(p, 1)) {
     err << "flashstep: fp64 reference gradients" << in_type << " of head 0 only (all "
@@ -356,7 +362,9 @@ std::optional<BackwardTruth> reference_gradients(const Problem& p, const Inputs&
     Problem one = p;
     one.B = one.H = 1;
     one.H_kv.reset();
-    return backward_truth(one, in, dO);
+    std::vector<float> O_head0;
+    if (O_read != nullptr) O_head0.assign(O_read->begin(), O_read->begin() + one.q_elems());
+    return backward_truth(one, in, dO, O_read != nullptr ? &O_head0 : nullptr);
   }
   err << "flashstep: gradients left unchecked: one head's fp64 reference backward (Nq x Nk "
          "doubles, no row sampling) passes its budget; the tests check the gradients\n";
@@ -601,7 +609,7 @@ void define(CLI::App& app, Options& o) {
         [&o, count](const std::string& v) { o.iterations = count("--iters", v); });
   flag("--backward",
        "also run, check and time the backward pass (stages that\n"
-       "have one in their type: fp32 today), from the forward's O\n"
+       "have one in their type), from the forward's O\n"
        "and L and a random dO; with model, print the backward's model",
        [&o] { o.backward = true; });
   flag("--no-check", "skip the fp64 reference check", [&o] { o.check = false; });
@@ -794,13 +802,19 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     typed.dtype = t;
     return truths.emplace(t, forward_truth(typed, in, step)).first->second;
   };
-  // The gradients' truth per element type, likewise made when first needed.
-  std::map<DType, std::optional<BackwardTruth>> grad_truths;
-  auto grad_truth_for = [&](DType t) -> const std::optional<BackwardTruth>& {
-    if (const auto it = grad_truths.find(t); it != grad_truths.end()) return it->second;
-    Problem typed = p;
-    typed.dtype = t;
-    return grad_truths.emplace(t, reference_gradients(typed, in, dO, err)).first->second;
+  // The gradients' truth in fp32 (the fp64 reference alone), made when first
+  // needed and shared by the fp32 stages. In 16 bits each stage gets its own
+  // (below): the naive backward there reads the O that stage's backward read.
+  bool fp32_grad_truth_made = false;
+  std::optional<BackwardTruth> fp32_grad_truth;
+  auto fp32_grad_truth_for = [&]() -> const std::optional<BackwardTruth>& {
+    if (!fp32_grad_truth_made) {
+      Problem typed = p;
+      typed.dtype = DType::kFp32;
+      fp32_grad_truth = reference_gradients(typed, in, dO, nullptr, err);
+      fp32_grad_truth_made = true;
+    }
+    return fp32_grad_truth;
   };
 
   const DeviceInfo dev = device_info();
@@ -856,11 +870,23 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       if (backward) {
         res.backward_status = "error";
         std::vector<float> dQ, dK, dV;
-        run.run_backward(dQ, dK, dV);
-        res.backward_status =
-            o.check ? check_gradients(s, ps, {&dQ, &dK, &dV}, grad_truth_for(ps.dtype),
-                                      res.grad_error, err)
-                    : "unchecked";
+        run.run_backward(dQ, dK, dV, &O);  // O: now the forward's that the backward read
+        if (!o.check) {
+          res.backward_status = "unchecked";
+        } else if (ps.dtype == DType::kFp32) {
+          res.backward_status = check_gradients(s, ps, {&dQ, &dK, &dV}, fp32_grad_truth_for(),
+                                                res.grad_error, err);
+        } else {
+          // The naive reads this stage's O when its forward's O passed the
+          // check (backward_truth checks it again, on every row it uses, and
+          // throws if it fails); else its own: the run already fails on the
+          // forward, or the reference is NaN and nothing is compared.
+          const bool O_passed = res.check && res.check->O.ok();
+          const std::optional<BackwardTruth> truth =
+              reference_gradients(ps, in, dO, O_passed ? &O : nullptr, err);
+          res.backward_status =
+              check_gradients(s, ps, {&dQ, &dK, &dV}, truth, res.grad_error, err);
+        }
         if (!o.save_dir.empty()) {
           write_npy(saved_file(o.save_dir, "dQ", &s), {p.B, p.H, p.Nq, p.d}, dQ.data());
           write_npy(saved_file(o.save_dir, "dK", &s), {p.B, p.kv_heads(), p.Nk, p.d}, dK.data());
