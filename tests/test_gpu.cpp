@@ -85,6 +85,22 @@ Problem typed(Problem p, DType t) {
   return p;
 }
 
+// Runs s on p with fresh inputs drawn from `seed`, checks O and L against the
+// truth, and checks that rows that see no key are exactly O = 0 and L = -inf,
+// never NaN.
+void check_stage_on(const Stage& s, const Problem& p, std::uint64_t seed) {
+  const auto in = flashstep::random_inputs(p, seed);
+  const Outputs got = run_stage(s, p, in);
+  check_outputs(s, p, got, flashstep::forward_truth(p, in));
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+      const std::int64_t row = bh * p.Nq + i;
+      for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.O[row * p.d + k] == 0.0f);
+      if (s.writes_lse) REQUIRE(got.L[row] == -INFINITY);
+    }
+  }
+}
+
 bool all_finite(const std::vector<float>& v) {
   for (float x : v) {
     if (!std::isfinite(x)) return false;
@@ -102,17 +118,7 @@ TEST_CASE("every stage, in each of its types, matches the reference on the ragge
         const Problem p = typed(ragged, t);
         CAPTURE(s->name);
         CAPTURE(p.describe());
-        const auto in = flashstep::random_inputs(p, seed++);  // fresh data for every check
-        const Outputs got = run_stage(*s, p, in);
-        check_outputs(*s, p, got, flashstep::forward_truth(p, in));
-        // Rows that see no key: exactly O = 0 and L = -inf, never NaN.
-        for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
-          for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
-            const std::int64_t row = bh * p.Nq + i;
-            for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.O[row * p.d + k] == 0.0f);
-            if (s->writes_lse) REQUIRE(got.L[row] == -INFINITY);
-          }
-        }
+        check_stage_on(*s, p, seed++);  // fresh data for every check
       }
     }
   }
@@ -127,16 +133,7 @@ TEST_CASE("grouped-query heads (H / H_kv in 1, 4, 8, 32): the stages that run th
         const Problem p = typed(grouped, t);
         CAPTURE(s->name);
         CAPTURE(p.describe());
-        const auto in = flashstep::random_inputs(p, seed++);
-        const Outputs got = run_stage(*s, p, in);
-        check_outputs(*s, p, got, flashstep::forward_truth(p, in));
-        for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
-          for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
-            const std::int64_t row = bh * p.Nq + i;
-            for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.O[row * p.d + k] == 0.0f);
-            if (s->writes_lse) REQUIRE(got.L[row] == -INFINITY);
-          }
-        }
+        check_stage_on(*s, p, seed++);  // fresh data for every check
       }
     }
   }
