@@ -63,19 +63,26 @@ MEMORY_COLUMNS = ["stage", "d", "N", "B", "H", "memory", "how", "largest N", "la
                   "gpu memory", "gpu", "driver", "date", "commit"]
 
 
-def flashstep_rows(exe, B, H, N, d, causal, warmup, iters):
-    """Our stages' backward rows on one problem, from `flashstep --backward`."""
-    cmd = [exe, "--backward", "--stage", STAGES, "--B", str(B), "--H", str(H), "--N", str(N),
-           "--d", str(d), "--format", "csv", "--warmup", str(warmup), "--iters", str(iters)]
+def flashstep_backward(exe, stages, B, H, N, d, causal, warmup, iters, extra=()):
+    """`flashstep --backward` on one problem: its CSV rows that have a backward
+    (none without a GPU, where it prints the model) and its exit code."""
+    cmd = [exe, "--backward", "--stage", stages, "--B", str(B), "--H", str(H), "--N", str(N),
+           "--d", str(d), "--format", "csv", "--warmup", str(warmup), "--iters", str(iters),
+           *extra]
     if causal:
         cmd.append("--causal")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
+    rows = [r for r in csv.DictReader(io.StringIO(proc.stdout)) if r.get("bwd check", "-") != "-"]
+    return rows, proc.returncode
+
+
+def flashstep_rows(exe, B, H, N, d, causal, warmup, iters):
+    """Our stages' backward rows on one problem, from `flashstep --backward`."""
+    got, rc = flashstep_backward(exe, STAGES, B, H, N, d, causal, warmup, iters)
     rows = []
-    for r in csv.DictReader(io.StringIO(proc.stdout)):
-        if r.get("bwd check", "-") == "-":  # no backward, or no GPU (a model table)
-            continue
+    for r in got:
         rows.append({"stage": r["stage"], "check": r["bwd check"],
                      "max err dQKV": r["max err dQKV"], "median ms": r["bwd median ms"],
                      "p20 ms": r["bwd p20 ms"], "p80 ms": r["bwd p80 ms"],
@@ -83,7 +90,7 @@ def flashstep_rows(exe, B, H, N, d, causal, warmup, iters):
                      "causal": int(causal), "memory": r["bwd memory"],
                      "HBM read": r["bwd HBM read"], "HBM write": r["bwd HBM write"],
                      "iters": iters, "note": ""})
-    return rows, proc.returncode
+    return rows, rc
 
 
 def model_memory(exe, stage, B, H, N, d):
@@ -141,17 +148,25 @@ def largest_n(fits):
     return lo
 
 
-def check_head0(torch, q, k, v, dO, grads, causal):
-    """('ok' or 'FAIL', max abs error) of dQ, dK, dV of batch 0, head 0 against fp64."""
+def head0_reference(torch, q, k, v, dO, causal):
+    """fp64 dQ, dK, dV of batch 0, head 0 from the inputs as given (None when
+    one head's N x N scores pass CHECK_MAX_SCORES)."""
     N = q.shape[2]
     if N * N > CHECK_MAX_SCORES:
-        return "unchecked", float("nan")
+        return None
     q64, k64, v64 = (t[0, 0].detach().double().requires_grad_() for t in (q, k, v))
     s = (q64 @ k64.T) / math.sqrt(q.shape[3])
     if causal:
         s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1), -math.inf)
     o = torch.softmax(s, dim=-1) @ v64
-    want = torch.autograd.grad(o, (q64, k64, v64), dO[0, 0].double())
+    return torch.autograd.grad(o, (q64, k64, v64), dO[0, 0].double())
+
+
+def check_head0(torch, q, k, v, dO, grads, causal):
+    """('ok' or 'FAIL', max abs error) of dQ, dK, dV of batch 0, head 0 against fp64."""
+    want = head0_reference(torch, q, k, v, dO, causal)
+    if want is None:
+        return "unchecked", float("nan")
     atol, rtol = GRAD_TOLERANCE
     ok, worst = True, 0.0
     for got, w in zip(grads, want):

@@ -25,18 +25,15 @@ Figure 4 shape).
         --out docs/results/backward16.csv
 """
 import argparse
-import csv
 import datetime
-import io
-import math
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep import HIDDEN, ITERS, LONG_N, TOKENS, gpu_facts, write_csv  # noqa: E402
 from peers import INPUT_MEAN, L2_FLUSH_FACTOR, short, time_ms  # noqa: E402
+from backward import flashstep_backward, head0_reference  # noqa: E402
 
 STAGES = "07_tensor_core,07_tensor_core_deterministic"
 PEERS = {"sdpa_flash_bf16": "FLASH_ATTENTION", "sdpa_cudnn_bf16": "CUDNN_ATTENTION",
@@ -44,7 +41,6 @@ PEERS = {"sdpa_flash_bf16": "FLASH_ATTENTION", "sdpa_cudnn_bf16": "CUDNN_ATTENTI
 FLOP_FACTOR = {"bwd": 2.5, "fwd+bwd": 3.5}  # FlashAttention's convention, x the forward's
 # Peers' gradients of head 0 are compared with fp64 while one head's N x N
 # doubles stay this small (as the CLI's budget).
-CHECK_MAX_SCORES = 16 * 1024 * 1024
 COLUMNS = ["stage", "pass", "dtype", "check", "max err dQKV", "fwd median ms", "bwd median ms",
            "median ms", "TFLOP/s", "B", "H", "Nq", "Nk", "d", "causal", "iters", "note", "torch",
            "gpu", "driver", "max_sm_clock", "date", "commit"]
@@ -52,18 +48,10 @@ COLUMNS = ["stage", "pass", "dtype", "check", "max err dQKV", "fwd median ms", "
 
 def flashstep_rows(exe, B, H, N, d, causal, warmup, iters):
     """Our stages' (fwd ms, bwd ms, check, max err) on one problem, from `flashstep --backward`."""
-    cmd = [exe, "--backward", "--dtype", "bf16", "--stage", STAGES, "--B", str(B), "--H", str(H),
-           "--N", str(N), "--d", str(d), "--format", "csv", "--warmup", str(warmup),
-           "--iters", str(iters)]
-    if causal:
-        cmd.append("--causal")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
+    got, rc = flashstep_backward(exe, STAGES, B, H, N, d, causal, warmup, iters,
+                                 extra=("--dtype", "bf16"))
     out = []
-    for r in csv.DictReader(io.StringIO(proc.stdout)):
-        if r.get("bwd check", "-") == "-":  # no backward, or no GPU (a model table)
-            continue
+    for r in got:
         # The backward's verdict (ok, or unchecked past the fp64 budget), unless
         # either pass failed.
         passed = r["check"] in ("ok", "unchecked") and r["bwd check"] in ("ok", "unchecked")
@@ -71,20 +59,14 @@ def flashstep_rows(exe, B, H, N, d, causal, warmup, iters):
         out.append({"stage": r["stage"], "check": check, "max err dQKV": r["max err dQKV"],
                     "fwd median ms": r["median ms"], "bwd median ms": r["bwd median ms"],
                     "iters": iters, "note": ""})
-    return out, proc.returncode
+    return out, rc
 
 
 def head0_error(torch, q, k, v, dO, grads, causal):
     """Largest |error| of dQ, dK, dV of batch 0, head 0 against fp64 of the bf16 inputs."""
-    N = q.shape[2]
-    if N * N > CHECK_MAX_SCORES:
+    want = head0_reference(torch, q, k, v, dO, causal)
+    if want is None:
         return ""
-    q64, k64, v64 = (t[0, 0].detach().double().requires_grad_() for t in (q, k, v))
-    s = (q64 @ k64.T) / math.sqrt(q.shape[3])
-    if causal:
-        s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1), -math.inf)
-    o = torch.softmax(s, dim=-1) @ v64
-    want = torch.autograd.grad(o, (q64, k64, v64), dO[0, 0].double())
     return f"{max((g[0, 0].double() - w).abs().max().item() for g, w in zip(grads, want)):.2g}"
 
 
