@@ -52,6 +52,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kMinNormal = std::numeric_limits<float>::min();  // FLT_MIN = 2^-126
 
 using mirror::Chip;
+using mirror::online_softmax_row;
 using mirror::Tile;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -71,12 +72,6 @@ KernelScale kernel_scale(const Problem& p) {
   return {scale_log2 == 0.0f ? kMinNormal : scale_log2, p.softmax_scale() < 0.0};
 }
 
-/// 2^x as sm80::fast_exp2 (ex2.approx.ftz.f32) gives it: a subnormal x is
-/// read as 0, and a result below the smallest normal float is 0.
-float fast_exp2(Chip& chip, float x) {
-  const float y = chip.exp2(std::fpclassify(x) == FP_SUBNORMAL ? 0.0f : x);
-  return y < kMinNormal ? 0.0f : y;
-}
 
 /// What a thread block holds for its Q block: the shared-memory tiles, and
 /// the registers its warps hold between them (warp w the rows it owns).
@@ -89,33 +84,6 @@ struct QBlock {
   std::vector<float> m_i, l_i;  // [R] fp32 registers; m_i scaled, in log2 units
 };
 
-/// Lines 9-10 up to the product for one row (online_softmax): the raw scores
-/// S_r [C] become P~ (fp32) in place; m, l and the row O_r [d] of O~ follow.
-void online_softmax_row(float* S_r, std::int64_t C, float* O_r, std::int64_t d,
-                        float scale_log2, float& m, float& l, Chip& chip) {
-  // Line 9: m_new = max(m, rowmax(S) scale log2(e)), the max taken over the
-  // raw scores and scaled once.
-  float raw_max = S_r[0];
-  for (std::int64_t c = 1; c < C; ++c) raw_max = chip.max(raw_max, S_r[c]);
-  const float m_new = chip.max(m, chip.mul(raw_max, scale_log2));
-  // A row that has seen only masked keys keeps m = -inf; subtracting 0
-  // instead gives 2^-inf = 0 rather than 2^(-inf + inf) = NaN.
-  const float m_sub = m_new == -kInf ? 0.0f : m_new;
-  // The paper's e^(m_old - m_new), here 2^(m_old - m_new); 0 on the first tile.
-  const float alpha = fast_exp2(chip, chip.sub(m, m_sub));
-  m = m_new;
-  // Line 9: P~_ij = e^(scale S_ij - m) in the paper's units is
-  // 2^(S_ij scale log2(e) - m_new) in these: one FFMA and one ex2 per score.
-  // Then l = alpha l + rowsum(P~_ij), one more FFMA.
-  for (std::int64_t c = 0; c < C; ++c) {
-    S_r[c] = fast_exp2(chip, chip.fma(S_r[c], scale_log2, -m_sub));
-  }
-  float rowsum = S_r[0];
-  for (std::int64_t c = 1; c < C; ++c) rowsum = chip.add(rowsum, S_r[c]);
-  l = chip.fma(alpha, l, rowsum);
-  // Line 10, first half: O~_i = diag(alpha) O~_i.
-  for (std::int64_t k = 0; k < d; ++k) O_r[k] = chip.mul(O_r[k], alpha);
-}
 
 /// Lines 8-10 for warp w's rows of the Q block against the K/V block of keys
 /// key0 .. key0 + C - 1 (qk_product, mask_scores, online_softmax, pv_product).

@@ -36,33 +36,12 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kMinNormal = std::numeric_limits<float>::min();
 
 using mirror::Chip;
+using mirror::online_softmax_row;
 using mirror::Tile;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-/// 2^x as ex2.approx.ftz.f32 gives it: subnormal in and out read as 0.
-float fast_exp2(Chip& chip, float x) {
-  const float y = chip.exp2(std::fpclassify(x) == FP_SUBNORMAL ? 0.0f : x);
-  return y < kMinNormal ? 0.0f : y;
-}
 
-/// Lines 9-10 up to the product for one row: S_r [C] becomes P~ (fp32).
-void online_softmax_row(float* S_r, std::int64_t C, float* O_r, std::int64_t d,
-                        float scale_log2, float& m, float& l, Chip& chip) {
-  float raw_max = S_r[0];
-  for (std::int64_t c = 1; c < C; ++c) raw_max = chip.max(raw_max, S_r[c]);
-  const float m_new = chip.max(m, chip.mul(raw_max, scale_log2));
-  const float m_sub = m_new == -kInf ? 0.0f : m_new;
-  const float alpha = fast_exp2(chip, chip.sub(m, m_sub));
-  m = m_new;
-  for (std::int64_t c = 0; c < C; ++c) {
-    S_r[c] = fast_exp2(chip, chip.fma(S_r[c], scale_log2, -m_sub));
-  }
-  float rowsum = S_r[0];
-  for (std::int64_t c = 1; c < C; ++c) rowsum = chip.add(rowsum, S_r[c]);
-  l = chip.fma(alpha, l, rowsum);
-  for (std::int64_t k = 0; k < d; ++k) O_r[k] = chip.mul(O_r[k], alpha);
-}
 
 /// Lines 4-13 for Q block i of head bh (attend_q_block).
 void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std::int64_t i,

@@ -1,17 +1,19 @@
 /// \file mirror_chip.h
 /// \brief The counting machine the tile-based CPU mirrors run on (stage 04's
-/// forward, stage 05's backward, stage 07's tensor-core forward):
+/// forward, stage 05's backward, stages 07 and 08's tensor-core forwards):
 /// shared-memory tiles, and a Chip through which every element moved between
 /// HBM and the tiles, every shared-memory access and every FLOP is counted
 /// into a Cost (conventions in cost.h). Elements are fp32 unless a tile or a
 /// store names a 16-bit type: then they cost 2 bytes and are rounded to it.
-/// Host only, CUDA-free.
+/// Also the online-softmax row step the tensor-core mirrors share. Host only,
+/// CUDA-free.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -169,5 +171,43 @@ class Chip {
     return x;
   }
 };
+
+/// 2^x as the kernels' fast exp2 (ex2.approx.ftz.f32) gives it: a subnormal x
+/// is read as 0, and a result below the smallest normal float is 0.
+inline float fast_exp2(Chip& chip, float x) {
+  constexpr float kMinNormal = std::numeric_limits<float>::min();  // FLT_MIN = 2^-126
+  const float y = chip.exp2(std::fpclassify(x) == FP_SUBNORMAL ? 0.0f : x);
+  return y < kMinNormal ? 0.0f : y;
+}
+
+/// FlashAttention-2's Algorithm 1, lines 9-10 up to the product, for one row
+/// (the tensor-core stages' online softmax, in log2 units): the raw scores
+/// S_r [C] become P~ (fp32) in place; m, l and the row O_r [d] of O~ follow.
+inline void online_softmax_row(float* S_r, std::int64_t C, float* O_r, std::int64_t d,
+                               float scale_log2, float& m, float& l, Chip& chip) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  // Line 9: m_new = max(m, rowmax(S) scale log2(e)), the max taken over the
+  // raw scores and scaled once.
+  float raw_max = S_r[0];
+  for (std::int64_t c = 1; c < C; ++c) raw_max = chip.max(raw_max, S_r[c]);
+  const float m_new = chip.max(m, chip.mul(raw_max, scale_log2));
+  // A row that has seen only masked keys keeps m = -inf; subtracting 0
+  // instead gives 2^-inf = 0 rather than 2^(-inf + inf) = NaN.
+  const float m_sub = m_new == -kInf ? 0.0f : m_new;
+  // The paper's e^(m_old - m_new), here 2^(m_old - m_new); 0 on the first tile.
+  const float alpha = fast_exp2(chip, chip.sub(m, m_sub));
+  m = m_new;
+  // Line 9: P~_ij = e^(scale S_ij - m) in the paper's units is
+  // 2^(S_ij scale log2(e) - m_new) in these: one FFMA and one ex2 per score.
+  // Then l = alpha l + rowsum(P~_ij), one more FFMA.
+  for (std::int64_t c = 0; c < C; ++c) {
+    S_r[c] = fast_exp2(chip, chip.fma(S_r[c], scale_log2, -m_sub));
+  }
+  float rowsum = S_r[0];
+  for (std::int64_t c = 1; c < C; ++c) rowsum = chip.add(rowsum, S_r[c]);
+  l = chip.fma(alpha, l, rowsum);
+  // Line 10, first half: O~_i = diag(alpha) O~_i.
+  for (std::int64_t k = 0; k < d; ++k) O_r[k] = chip.mul(O_r[k], alpha);
+}
 
 }  // namespace flashstep::mirror
