@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,19 @@ inline std::vector<Problem> grouped_problems() {
     }
   }
   return out;
+}
+
+/// p with the softmax scale `scale` in element type `t` (the mirror tests'
+/// negative, zero and large scales).
+inline Problem with_scale(Problem p, double scale, DType t) {
+  p.scale = scale;
+  p.dtype = t;
+  return p;
+}
+
+/// Whether a and b hold the same floats bit for bit (NaNs included).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace flashstep::test

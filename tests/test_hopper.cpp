@@ -6,7 +6,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +24,8 @@ using flashstep::DType;
 using flashstep::Problem;
 using flashstep::Stage;
 using flashstep::test::make_problem;
+using flashstep::test::same_bits;
+using flashstep::test::with_scale;
 
 namespace {
 
@@ -50,16 +51,6 @@ MirrorRun run_mirror(const Stage& s, const Problem& p, flashstep::Inputs in) {
   run.L.assign(static_cast<size_t>(p.lse_elems()), NAN);
   run.counted = s.mirror(p, {in.Q.data(), in.K.data(), in.V.data(), run.O.data(), run.L.data()});
   return run;
-}
-
-Problem with_scale(Problem p, double scale, DType t) {
-  p.scale = scale;
-  p.dtype = t;
-  return p;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace

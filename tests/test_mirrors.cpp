@@ -5,7 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <string>
 #include <string_view>
@@ -29,6 +28,8 @@ using flashstep::DType;
 using flashstep::Problem;
 using flashstep::Stage;
 using flashstep::test::make_problem;
+using flashstep::test::same_bits;
+using flashstep::test::with_scale;
 
 namespace {
 const Stage& stage_named(std::string_view name) {
@@ -239,16 +240,6 @@ std::vector<Problem> stage07_problems() {
   }
   for (bool causal : {false, true}) out.push_back(make_problem(1, 2, 300, 290, 64, causal));
   return out;
-}
-
-Problem with_scale(Problem p, double scale, DType t) {
-  p.scale = scale;
-  p.dtype = t;
-  return p;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace
