@@ -245,6 +245,9 @@ TEST_CASE("stage 07's backward mirror at d = 1 and 16: passes when the naive rea
     const auto truth = flashstep::backward_truth(p, in, dO, &g.O);
     const auto c = flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
     CHECK_MESSAGE(c.ok(), c.summary());
+    // The same gradients against a naive reading its own O: the false failure.
+    const auto own = flashstep::backward_truth(p, in, dO);
+    CHECK_FALSE(flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), own).ok());
   }
 }
 
