@@ -507,21 +507,27 @@ def _reference(torch, q, k, v, causal, scale):
     return o, torch.logsumexp(s, dim=-1)
 
 
+def _softmax(torch, s, causal):
+    """P = softmax(S) over the last axis, causal bottom-right (key j visible to
+    query i iff j <= i + Nk - Nq); a row that sees no key gets P = 0, not the
+    NaN of softmax over all -inf."""
+    if not causal:
+        return torch.softmax(s, dim=-1)
+    Nq, Nk = s.shape[-2], s.shape[-1]
+    i = torch.arange(Nq, device=s.device)[:, None]
+    j = torch.arange(Nk, device=s.device)[None, :]
+    mask = j <= i + (Nk - Nq)  # True: may attend
+    s = s.masked_fill(~mask, -math.inf).masked_fill(~mask.any(dim=-1)[:, None], 0.0)
+    return torch.softmax(s, dim=-1).masked_fill(~mask, 0.0)
+
+
 def _naive(torch, q, k, v, causal, scale):
     """O of attention done naively in q's 16-bit dtype, common/check.h's O_naive:
     S and its softmax in fp32 from the (rounded) inputs, P rounded to the dtype,
     O = P V summed in fp32 and rounded. Rows that see no key give 0."""
-    Nq, Nk, d = q.shape[2], k.shape[2], q.shape[3]
+    d = q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    s = (q.float() @ k.float().transpose(-1, -2)) * scale
-    if causal:
-        i = torch.arange(Nq, device=q.device)[:, None]
-        j = torch.arange(Nk, device=q.device)[None, :]
-        mask = j <= i + (Nk - Nq)  # True: may attend
-        s = s.masked_fill(~mask, -math.inf).masked_fill(~mask.any(dim=-1)[:, None], 0.0)
-        p = torch.softmax(s, dim=-1).masked_fill(~mask, 0.0)
-    else:
-        p = torch.softmax(s, dim=-1)
+    p = _softmax(torch, (q.float() @ k.float().transpose(-1, -2)) * scale, causal)
     return (p.to(q.dtype).float() @ v.float()).to(q.dtype)
 
 
@@ -542,49 +548,43 @@ def _truth(torch, q, k, v, causal, scale, dtype):
 def _reference_grads(torch, q, k, v, do, causal, scale):
     """fp64 autograd of attention written out (S, masked softmax, P V): dq, dk, dv.
     Rows that see no key have P = 0, so O = 0 and their gradients are 0."""
-    Nq, Nk, d = q.shape[2], k.shape[2], q.shape[3]
+    d = q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     with torch.enable_grad():
         q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-        s = (q64 @ k64.transpose(-1, -2)) * scale
-        if causal:
-            i = torch.arange(Nq, device=q.device)[:, None]
-            j = torch.arange(Nk, device=q.device)[None, :]
-            mask = j <= i + (Nk - Nq)  # True: may attend
-            # A row that sees no key would be softmax(all -inf) = NaN: give it
-            # zeros to normalise instead, then zero every hidden entry of P.
-            s = s.masked_fill(~mask, -math.inf).masked_fill(~mask.any(dim=-1)[:, None], 0.0)
-            p = torch.softmax(s, dim=-1).masked_fill(~mask, 0.0)
-        else:
-            p = torch.softmax(s, dim=-1)
+        p = _softmax(torch, (q64 @ k64.transpose(-1, -2)) * scale, causal)
         (p @ v64).backward(do.double())
     return q64.grad, k64.grad, v64.grad
 
 
-def _grad_truth(torch, q, k, v, do, causal, scale, dtype):
+def _grad_truth(torch, q, k, v, do, causal, scale, dtype, o_read=None):
     """What a backward running in `dtype` is checked against (common/check.h,
     BackwardTruth): ((q, k, v, do) rounded to dtype, fp64 (dq, dk, dv) from them,
     the bounds on each). The bounds are None in float32 (GRAD_ATOL + GRAD_RTOL |g|,
     elementwise); in 16 bits FlashAttention's rule, twice the error of the naive
     backward in that dtype plus a floor: GRAD_ATOL, and for dq and dk the fp32
-    error bound of the cancellation in dS = P o (dP - D)."""
+    error bound of the cancellation in dS = P o (dP - D). The naive reads o_read,
+    the O the stage's backward reads (its forward's), when given."""
     qd, kd, vd, dod = (t.to(dtype) for t in (q, k, v, do))
     want = _reference_grads(torch, qd, kd, vd, dod, causal, scale)
     if dtype == torch.float32:
         return (qd, kd, vd, dod), want, None
-    Nq, Nk, d = q.shape[2], k.shape[2], q.shape[3]
+    d = q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     qf, kf, vf, dof = (t.float() for t in (qd, kd, vd, dod))
-    s = (qf @ kf.transpose(-1, -2)) * scale
-    if causal:
-        i = torch.arange(Nq, device=q.device)[:, None]
-        j = torch.arange(Nk, device=q.device)[None, :]
-        mask = j <= i + (Nk - Nq)  # True: may attend
-        s = s.masked_fill(~mask, -math.inf).masked_fill(~mask.any(dim=-1)[:, None], 0.0)
-        p = torch.softmax(s, dim=-1).masked_fill(~mask, 0.0)
+    p = _softmax(torch, (qf @ kf.transpose(-1, -2)) * scale, causal)
+    # D = rowsum(dO o O) from the O the stage's backward read (check.h says why:
+    # at small d one ulp of O moves every dS of its row), else the naive's own.
+    # As in check.h, that O must pass the forward's rule first: a wrong O would
+    # make the naive wrong too and loosen the bound.
+    if o_read is None:
+        o = (p.to(dtype).float() @ vf).to(dtype).float()
     else:
-        p = torch.softmax(s, dim=-1)
-    o = (p.to(dtype).float() @ vf).to(dtype).float()  # the naive forward's o
+        _, o_ref, _, o_bound = _truth(torch, qd, kd, vd, causal, scale, dtype)
+        if (o_read.double() - o_ref).abs().max().item() > o_bound:
+            raise ValueError("the stage's o fails the forward's rule; its gradients "
+                             "cannot be checked against a naive reading it")
+        o = o_read.float()
     D = (dof * o).sum(-1, keepdim=True)
     ds = (p * (dof @ vf.transpose(-1, -2) - D)).to(dtype).float()
     naive = ((scale * (ds @ kf)).to(dtype), (scale * (ds.transpose(-1, -2) @ qf)).to(dtype),
@@ -657,10 +657,11 @@ def _selftest_backward(torch, dev, gen):
             return _compare(torch, got, want, atol=bound, rtol=0.0)
 
         try:
-            truths = [_grad_truth(torch, *t, dtype) for t in problems]
-            for ((q, k, v, do), want, bounds), (_, _, _, _, causal, scale) in zip(truths, problems):
-                bounds = bounds or (None, None, None)
+            for q, k, v, do, causal, scale in problems:
+                q, k, v, do = (t.to(dtype) for t in (q, k, v, do))
                 o, lse = forward(q, k, v, stage=stage, causal=causal, scale=scale)
+                _, want, bounds = _grad_truth(torch, q, k, v, do, causal, scale, dtype, o)
+                bounds = bounds or (None, None, None)
                 o_before, lse_before = o.clone(), lse.clone()
                 got = backward(q, k, v, o, lse, do, stage=stage, causal=causal, scale=scale)
                 for i, (g, w, b) in enumerate(zip(got, want, bounds)):
@@ -681,7 +682,7 @@ def _selftest_backward(torch, dev, gen):
                     worst_autograd, bad = max(worst_autograd, e), bad + n
             # o.sum() hands the backward a stride-0 gradient; only q needs one here.
             # In 16 bits dq's atomics may round the two runs one unit apart.
-            (q, k, v, _), _, _ = truths[1]
+            q, k, v = (t.to(dtype) for t in problems[1][:3])
             causal, scale = problems[1][4], problems[1][5]
             q_leaf = q.clone().requires_grad_()
             attention(q_leaf, k, v, stage=stage, causal=causal, scale=scale).sum().backward()
