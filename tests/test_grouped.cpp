@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -265,6 +266,12 @@ TEST_CASE("grouped heads: the C ABI's flashstep_forward_v2 and flashstep_stage_g
   CHECK(std::string(flashstep_last_error()).find("H must be a multiple of H_kv") !=
         std::string::npos);
   CHECK(call("05", 0) == FLASHSTEP_EINVAL);
+  CHECK(call("05", -4) == FLASHSTEP_EINVAL);
+  CHECK(call("05", INT64_MAX) == FLASHSTEP_EINVAL);
+  CHECK(call(nullptr, 1) != FLASHSTEP_OK);
+  CHECK(flashstep_forward_v2("05", 99, B, H, 1, Nq, Nk, d, 0, 0.0,
+                             Q.data(), K.data(), V.data(), O.data(), L.data(), nullptr) ==
+        FLASHSTEP_EINVAL);
   CHECK(call("01", 1) == FLASHSTEP_ESTAGE);
   CHECK(std::string(flashstep_last_error()).find("does not run grouped-query attention") !=
         std::string::npos);
