@@ -1064,6 +1064,39 @@ BACKWARD16 = {"07_tensor_core": "07_tensor_core (dQ by atomics)",
               "sdpa_math_bf16": "PyTorch SDPA math (standard attention)"}
 
 
+# Issue 13's goal: stage 07's bf16 backward at least FlashAttention-2's from this N on.
+BACKWARD_GOAL_N, BACKWARD_GOAL = 1024, 1.0
+BACKWARD_GOAL_STAGES = ("07_tensor_core", "07_tensor_core_deterministic")
+
+
+def backward16_goal(rows):
+    """Issue 13's goal per (d, causal): the lowest and highest ratio of each stage 07 backward
+    to FlashAttention-2's over N >= BACKWARD_GOAL_N, and whether the faster one meets it."""
+    def tflops(stage, d, causal):
+        return {int(r["Nq"]): float(r["TFLOP/s"]) for r in rows
+                if r["stage"] == stage and r["pass"] == "bwd" and int(r["d"]) == d
+                and r["causal"] == causal and r["TFLOP/s"] and int(r["Nq"]) >= BACKWARD_GOAL_N}
+    lines = [f"**The goal** (issue 13: bf16 backward, N ≥ {BACKWARD_GOAL_N}, ≥ "
+             f"{BACKWARD_GOAL:.1f}x FlashAttention-2's; lowest – highest over N):", "",
+             "| d | causal | " + " | ".join(f"{s} ÷ FlashAttention-2" for s in BACKWARD_GOAL_STAGES)
+             + " | goal |", "| ---: | --- |" + " ---: |" * len(BACKWARD_GOAL_STAGES) + " --- |"]
+    for d in (64, 128):
+        for causal in ("0", "1"):
+            fa2 = tflops("sdpa_flash_bf16", d, causal)
+            cells, best = [], 0.0
+            for stage in BACKWARD_GOAL_STAGES:
+                mine = tflops(stage, d, causal)
+                r = [mine[n] / fa2[n] for n in mine if fa2.get(n)]
+                cells.append(f"×{min(r):.2f} – ×{max(r):.2f}" if r else "–")
+                best = max(best, min(r)) if r else best
+            if all(c == "–" for c in cells):
+                continue
+            verdict = "met" if best >= BACKWARD_GOAL else f"not met: ×{best:.2f} at best"
+            lines.append(f"| {d} | {'yes' if causal == '1' else 'no'} | " + " | ".join(cells)
+                         + f" | {verdict} |")
+    return "\n".join(lines) + "\n" if len(lines) > 4 else ""
+
+
 def backward16_body(rows):
     """stages/07_tensor_core/README.md's <!-- results:backward16 -->: TFLOP/s of stage 07's
     bf16 backwards and SDPA's against N, backward alone and forward + backward, with
@@ -1071,7 +1104,7 @@ def backward16_body(rows):
     if not rows:
         return not_recorded("Stage 07's backward sweep (backward16.csv)", "build backward16")
     ns = sorted({int(r["Nq"]) for r in rows})
-    parts = []
+    parts = [backward16_goal(rows)]
     for name, what in (("bwd", "backward"), ("fwd+bwd", "forward + backward")):
         for d in (64, 128):
             for causal in ("0", "1"):
@@ -1091,9 +1124,9 @@ def backward16_body(rows):
                                   ratio_cells(by_stage["07_tensor_core_deterministic"],
                                               by_stage["07_tensor_core"], ns)))
                 if by_stage["sdpa_flash_bf16"]:
-                    lines.append(("07_tensor_core / FlashAttention-2",
-                                  ratio_cells(by_stage["07_tensor_core"],
-                                              by_stage["sdpa_flash_bf16"], ns)))
+                    lines += [(f"{s} / FlashAttention-2",
+                               ratio_cells(by_stage[s], by_stage["sdpa_flash_bf16"], ns))
+                              for s in BACKWARD_GOAL_STAGES if by_stage[s]]
                 title = (f"**bf16 {what}, d = {d}{', causal' if causal == '1' else ''}** "
                          f"(TFLOP/s, {FLOP_FACTORS[name]} x 4·B·H·N²·d, halved if causal; "
                          "B = 16384/N, H = 2048/d)")
