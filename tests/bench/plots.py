@@ -49,6 +49,11 @@ stage 07), with the bf16 peers, once recorded:
   hopper_tflops_vs_n.png   bf16 TFLOP/s against N: 07_tensor_core and each step of stage
                            08, SDPA's FlashAttention-2 and cuDNN
 
+and from backward16.csv (backward16.py: stage 07's bf16 backwards beside SDPA's, in one run):
+
+  backward16_tflops_vs_n.png  bf16 backward TFLOP/s against N: both dQ variants of stage 07,
+                           SDPA's FlashAttention-2, cuDNN and math backwards
+
 and plots.json, the fingerprint (sha256) of the CSVs and of this script the
 PNGs were drawn from, and the stages' modelled memory that backward_memory.png
 shows, with the hashes of the sources that model comes from. Like tables.py,
@@ -78,7 +83,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tables  # noqa: E402
 from ablation import PEER as ABLATION_PEER, STEPS  # noqa: E402
 from ablation import HOPPER_STEPS  # noqa: E402
-from tables import (ABLATION_N, BACKWARD_LABELS, CUDNN_PEER, FA2_PEER, FP32_PEERS,  # noqa: E402
+from tables import (ABLATION_N, BACKWARD16, BACKWARD_LABELS, CUDNN_PEER, FA2_PEER,  # noqa: E402
+                    FP32_PEERS,
                     PEERS16, ROOT, STALL_LABELS, TENSOR_CORE, dtype_of, fp32_only, has_ablation,
                     read, same_gpu)
 
@@ -88,7 +94,7 @@ PLOTS = os.path.join(RESULTS, "plots")
 SIDECAR = os.path.join(PLOTS, "plots.json")
 INPUTS = ("forward.csv", "peers.csv", "traffic.csv", "ceilings.csv", "backward.csv",
           "backward_memory.csv", "forward16.csv", "ablation.csv", "causal.csv", "ring.csv",
-          "decode.csv", "forward08.csv")
+          "decode.csv", "forward08.csv", "backward16.csv")
 FLASHSTEP = os.path.join(ROOT, "build", "stages", "cli", "flashstep")
 # backward_memory.png: the stages whose allocation the CLI's model gives, the
 # N it is drawn at (B = 1, H = 2048/d, as backward_memory.csv), and the sources
@@ -899,6 +905,40 @@ def hopper_figure(rows08, peers):
     return fig
 
 
+# backward16_tflops_vs_n.png: each implementation's colour and line style.
+BACKWARD16_LOOKS = {"07_tensor_core": ("C3", "-"), "07_tensor_core_deterministic": ("C1", "-"),
+                    "sdpa_flash_bf16": ("0.25", "--"), "sdpa_cudnn_bf16": ("C9", "--"),
+                    "sdpa_math_bf16": ("0.6", ":")}
+
+
+def backward16_figure(rows):
+    """Stage 07's backward: 2 x 2 panels (d x causal) of bf16 backward TFLOP/s against N,
+    both dQ variants solid, SDPA's backwards dashed (backward16.csv, one run)."""
+    import matplotlib.pyplot as plt
+    bwd = [r for r in rows if r["pass"] == "bwd"]
+    ns = sorted({int(r["Nq"]) for r in bwd})
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10))
+    for i, d in enumerate((64, 128)):
+        for j, causal in enumerate(("0", "1")):
+            ax = axes[i][j]
+            for stage, label in BACKWARD16.items():
+                pts = series(bwd, stage, d, causal == "1", "TFLOP/s")
+                if pts:
+                    colour, style = BACKWARD16_LOOKS[stage]
+                    ax.plot([n for n, _ in pts], [v for _, v in pts], color=colour,
+                            linestyle=style, marker="o" if style == "-" else "s", label=label)
+            if ns:
+                log2_n_axis(ax, ns)
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel("TFLOP/s")
+            ax.set_title(f"d = {d}, {'causal' if causal == '1' else 'non-causal'}")
+            ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Stage 07's backward, bf16, TFLOP/s ({BACKWARD_FLOP_RULE}; {SWEEP_RULE})\n"
+                 f"{provenance(rows, 'backward16.csv')}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def ring_figure(ring):
     """Stage 10: weak scaling's efficiency (TFLOP/s per GPU over one GPU's, at the same
     tokens per GPU) and strong scaling's speed-up (one GPU's time over P GPUs')."""
@@ -1001,8 +1041,8 @@ def draw(out, flashstep=FLASHSTEP):
     import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "flashstep"  # no randomness anywhere
-    fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal, ring, decode, rows08 = (
-        read(n) for n in INPUTS)
+    (fwd, peers, traffic, ceilings, bwd, memory, rows16, ablation, causal, ring, decode, rows08,
+     bwd16) = (read(n) for n in INPUTS)
     fwd = fp32_only(fwd)
     if not fwd:
         sys.exit("plots: no docs/results/forward.csv (run tests/bench/sweep.py on a GPU)")
@@ -1076,6 +1116,12 @@ def draw(out, flashstep=FLASHSTEP):
         drawn.append("hopper_tflops_vs_n.png")
     else:
         print("plots: no docs/results/forward08.csv (run_all.sh sweep08): no stage 08 plot")
+    if bwd16:
+        save(backward16_figure(bwd16), "backward16_tflops_vs_n.png", out)
+        drawn.append("backward16_tflops_vs_n.png")
+    else:
+        print("plots: no docs/results/backward16.csv (run_all.sh backward16): no bf16 backward "
+              "plot")
     return drawn, model
 
 

@@ -1135,6 +1135,8 @@ def backward16_body(rows):
                   "head 0 (N ≤ 4096), not judged; forward + backward is the sum of the two "
                   "medians._" if rows[0].get("torch") else "")
     parts.append(provenance(rows, "backward16.csv") + torch_note + "\n")
+    parts.append("![Stage 07's bf16 backwards beside SDPA's: TFLOP/s against N]"
+                 "(../../docs/results/plots/backward16_tflops_vs_n.png)\n")
     return "\n".join(parts)
 
 
