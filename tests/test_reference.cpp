@@ -1,11 +1,15 @@
 // The fp64 reference against hand-computed cases and an independent loop.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "common/check.h"
+#include "common/parallel.h"
 #include "common/reference.h"
 
 using flashstep::Problem;
@@ -145,4 +149,42 @@ TEST_CASE("compare: a reference NaN everywhere compares nothing, and that is no 
   CHECK_FALSE(c.ok());
   CHECK(c.summary().find("4 not compared: NaN in the reference") != std::string::npos);
   CHECK_FALSE(flashstep::compare(got, {}, flashstep::kFp32Tolerance).ok());
+}
+
+TEST_CASE("parallel_for: every index once, and a thrown error reaches the caller") {
+  for (const std::int64_t n : {0, 1, 7, 1000}) {
+    std::vector<int> seen(static_cast<size_t>(n), 0);
+    flashstep::parallel_for(n, [&](std::int64_t i) { ++seen[static_cast<size_t>(i)]; });
+    CHECK(std::count(seen.begin(), seen.end(), 1) == n);
+  }
+  CHECK_THROWS_WITH(flashstep::parallel_for(100,
+                                            [](std::int64_t i) {
+                                              if (i == 42) throw std::runtime_error("head 42");
+                                            }),
+                    "head 42");
+}
+
+TEST_CASE("reference: the heads shared out to threads give the one-thread loop's numbers") {
+  // Each head computed alone (B = H = 1 problems) against all heads at once:
+  // bit for bit, since a head's rows never depend on another head's.
+  Problem p;
+  p.B = 3;
+  p.H = 4;
+  p.Nq = 37;
+  p.Nk = 53;
+  p.d = 8;
+  p.causal = true;
+  const flashstep::Inputs in = flashstep::random_inputs(p, 11);
+  const flashstep::ReferenceResult all = reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
+  Problem one = p;
+  one.B = 1;
+  one.H = 1;
+  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+    const flashstep::ReferenceResult head = reference_forward(
+        one, in.Q.data() + bh * p.Nq * p.d, in.K.data() + bh * p.Nk * p.d,
+        in.V.data() + bh * p.Nk * p.d);
+    CAPTURE(bh);
+    CHECK(std::equal(head.O.begin(), head.O.end(), all.O.begin() + bh * p.Nq * p.d));
+    CHECK(std::equal(head.L.begin(), head.L.end(), all.L.begin() + bh * p.Nq));
+  }
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "parallel.h"
 #include "rounding.h"
 
 namespace flashstep {
@@ -24,7 +25,7 @@ ReferenceResult forward_rows(const Problem& p, const T* Q, const T* K, const T* 
   r.L.assign(static_cast<size_t>(p.lse_elems()), nan);
   const double scale = p.softmax_scale();
 
-  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+  parallel_for(p.heads(), [&](std::int64_t bh) {  // each head writes its own rows
     const std::int64_t kv = p.kv_head(bh);  // the K/V head of bh's group
     const Matrix Kh = ConstMap<T>(K + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
     const Matrix Vh = ConstMap<T>(V + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
@@ -46,7 +47,7 @@ ReferenceResult forward_rows(const Problem& p, const T* Q, const T* K, const T* 
       Oi = (e * Vh.topRows(visible)) / l;
       Li = m + std::log(l);
     }
-  }
+  });
   return r;
 }
 
@@ -57,30 +58,35 @@ ReferenceGradients backward(const Problem& p, const T* Q, const T* K, const T* V
   g.dK.assign(static_cast<size_t>(p.kv_elems()), 0.0);
   g.dV.assign(static_cast<size_t>(p.kv_elems()), 0.0);
   const double scale = p.softmax_scale();
-  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
-    const std::int64_t kv = p.kv_head(bh);  // the K/V head of bh's group
-    const Matrix Qh = ConstMap<T>(Q + bh * p.Nq * p.d, p.Nq, p.d).template cast<double>();
-    const Matrix Kh = ConstMap<T>(K + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
-    const Matrix Vh = ConstMap<T>(V + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
-    const Matrix dOh = ConstMap<T>(dO + bh * p.Nq * p.d, p.Nq, p.d).template cast<double>();
-    // P, row by row with the max subtracted; masked keys and empty rows give 0.
-    Matrix P = Matrix::Zero(p.Nq, p.Nk);
-    for (std::int64_t i = 0; i < p.Nq; ++i) {
-      const std::int64_t visible = p.visible_keys(i);
-      if (visible == 0) continue;
-      const Eigen::RowVectorXd s = scale * (Qh.row(i) * Kh.topRows(visible).transpose());
-      const Eigen::RowVectorXd e = (s.array() - s.maxCoeff()).exp().matrix();
-      P.row(i).head(visible) = e / e.sum();
+  // One K/V head at a time per thread, its group's query heads in order: the
+  // sums into a shared dK and dV stay in one thread and in the serial order.
+  parallel_for(p.B * p.kv_heads(), [&](std::int64_t kv) {
+    for (std::int64_t member = 0; member < p.group(); ++member) {
+      // Query head `member` of the group (kv_head_of, inverted).
+      const std::int64_t bh = kv / p.kv_heads() * p.H + kv % p.kv_heads() * p.group() + member;
+      const Matrix Qh = ConstMap<T>(Q + bh * p.Nq * p.d, p.Nq, p.d).template cast<double>();
+      const Matrix Kh = ConstMap<T>(K + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+      const Matrix Vh = ConstMap<T>(V + kv * p.Nk * p.d, p.Nk, p.d).template cast<double>();
+      const Matrix dOh = ConstMap<T>(dO + bh * p.Nq * p.d, p.Nq, p.d).template cast<double>();
+      // P, row by row with the max subtracted; masked keys and empty rows give 0.
+      Matrix P = Matrix::Zero(p.Nq, p.Nk);
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        const std::int64_t visible = p.visible_keys(i);
+        if (visible == 0) continue;
+        const Eigen::RowVectorXd s = scale * (Qh.row(i) * Kh.topRows(visible).transpose());
+        const Eigen::RowVectorXd e = (s.array() - s.maxCoeff()).exp().matrix();
+        P.row(i).head(visible) = e / e.sum();
+      }
+      const Matrix O = P * Vh;
+      const Matrix dP = dOh * Vh.transpose();
+      const Eigen::VectorXd D = (dOh.array() * O.array()).rowwise().sum().matrix();
+      const Matrix dS = (P.array() * (dP.colwise() - D).array()).matrix();
+      Eigen::Map<Matrix>(g.dQ.data() + bh * p.Nq * p.d, p.Nq, p.d) = scale * dS * Kh;
+      // A K/V head shared by a group of query heads gets the sum of their gradients.
+      Eigen::Map<Matrix>(g.dK.data() + kv * p.Nk * p.d, p.Nk, p.d) += scale * dS.transpose() * Qh;
+      Eigen::Map<Matrix>(g.dV.data() + kv * p.Nk * p.d, p.Nk, p.d) += P.transpose() * dOh;
     }
-    const Matrix O = P * Vh;
-    const Matrix dP = dOh * Vh.transpose();
-    const Eigen::VectorXd D = (dOh.array() * O.array()).rowwise().sum().matrix();
-    const Matrix dS = (P.array() * (dP.colwise() - D).array()).matrix();
-    Eigen::Map<Matrix>(g.dQ.data() + bh * p.Nq * p.d, p.Nq, p.d) = scale * dS * Kh;
-    // A K/V head shared by a group of query heads gets the sum of their gradients.
-    Eigen::Map<Matrix>(g.dK.data() + kv * p.Nk * p.d, p.Nk, p.d) += scale * dS.transpose() * Qh;
-    Eigen::Map<Matrix>(g.dV.data() + kv * p.Nk * p.d, p.Nk, p.d) += P.transpose() * dOh;
-  }
+  });
   return g;
 }
 }  // namespace
@@ -106,7 +112,7 @@ std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, c
   std::vector<double> O(static_cast<size_t>(p.q_elems()), std::numeric_limits<double>::quiet_NaN());
   const auto scale = static_cast<float>(p.softmax_scale());  // the kernels' fp32 scale
   const DType t = p.dtype;
-  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+  parallel_for(p.heads(), [&](std::int64_t bh) {  // each head writes its own rows
     const auto Kh = ConstMap<float>(K + p.kv_head(bh) * p.Nk * p.d, p.Nk, p.d);
     const auto Vh = ConstMap<float>(V + p.kv_head(bh) * p.Nk * p.d, p.Nk, p.d);
     for (std::int64_t i = 0; i < p.Nq; i += row_step) {
@@ -125,7 +131,7 @@ std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, c
       round_to_dtype(t, o.data(), o.size());
       for (std::int64_t k = 0; k < p.d; ++k) Oi[k] = o(0, k);
     }
-  }
+  });
   return O;
 }
 
@@ -142,7 +148,7 @@ ReferenceGradients naive_low_precision_backward(const Problem& p, const float* Q
   g.dQ.assign(static_cast<size_t>(p.q_elems()), 0.0);
   g.dK.assign(static_cast<size_t>(p.kv_elems()), 0.0);
   g.dV.assign(static_cast<size_t>(p.kv_elems()), 0.0);
-  for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+  parallel_for(p.heads(), [&](std::int64_t bh) {  // each head writes its own dQ, dK, dV
     // fp32 accumulators of the head's dK and dV, rounded once at the end.
     std::vector<float> dK(static_cast<size_t>(p.Nk) * d, 0.0f), dV(dK.size(), 0.0f);
     const float* Kh = K + bh * p.Nk * p.d;
@@ -186,7 +192,7 @@ ReferenceGradients naive_low_precision_backward(const Problem& p, const float* Q
       g.dK[bh * p.Nk * p.d + e] = round_to_dtype(t, scale * dK[e]);
       g.dV[bh * p.Nk * p.d + e] = round_to_dtype(t, dV[e]);
     }
-  }
+  });
   return g;
 }
 
