@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <streambuf>
@@ -227,6 +228,25 @@ TEST_CASE("cli: model mode lists every registered stage, as table, CSV and JSON"
   CHECK(json.out.find("\"HBM read\": ") != std::string::npos);
 }
 
+TEST_CASE("cli: CSV and JSON rows say H_kv, right after H, also when --H-kv is not given") {
+  const auto plain = run_cli({"model", "--stage", "09_split_kv", "--B", "2", "--H", "8", "--Nq",
+                              "1", "--Nk", "300", "--d", "64", "--format", "csv"});
+  REQUIRE(plain.code == 0);
+  CHECK(plain.out.find(",device memory,B,H,H_kv,Nq,Nk,d,causal\n") != std::string::npos);
+  CHECK(plain.out.find(",2,8,8,1,300,64,0\n") != std::string::npos);  // H_kv = H
+
+  const auto grouped = run_cli({"model", "--stage", "09_split_kv", "--B", "2", "--H", "8",
+                                "--H-kv", "2", "--Nq", "1", "--Nk", "300", "--d", "64",
+                                "--format", "json"});
+  REQUIRE(grouped.code == 0);
+  const nlohmann::ordered_json rows = nlohmann::ordered_json::parse(grouped.out);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["H"] == 8);
+  CHECK(rows[0]["H_kv"] == 2);
+  auto h = rows[0].find("H");
+  CHECK(std::next(h).key() == "H_kv");
+}
+
 TEST_CASE("cli: without a GPU, run prints the model and says so, and with one it runs and checks") {
   std::string why;
   if (!flashstep::cuda_device_available(&why)) {
@@ -248,7 +268,7 @@ TEST_CASE("cli: --load takes the problem from the .npy shapes and rejects mismat
   const std::vector<float> kv(2 * 3 * 7 * 4, 0.25f);
   const auto ok = run_cli({"model", "--load", dir.string(), "--format", "csv", "--stage", "01"});
   CHECK(ok.code == 0);
-  CHECK(ok.out.find(",2,3,5,7,4,0") != std::string::npos);
+  CHECK(ok.out.find(",2,3,3,5,7,4,0") != std::string::npos);  // B, H, H_kv, Nq, Nk, d, causal
 
   const auto contradict = run_cli({"model", "--load", dir.string(), "--d", "8"});
   CHECK(contradict.code == 2);
@@ -485,7 +505,7 @@ TEST_CASE("cli: --load reads float16 (<f2) arrays as well as float32, widened ex
                             "--stage", "02"});
   CHECK(r.code == 0);
   CHECK(r.out.find("02_safe_softmax,fp16,") != std::string::npos);
-  CHECK(r.out.find(",1,2,3,5,8,0") != std::string::npos);
+  CHECK(r.out.find(",1,2,2,3,5,8,0") != std::string::npos);  // B, H, H_kv, Nq, Nk, d, causal
 }
 
 TEST_CASE("cli: info prints the device's facts, or one line and exit 1 without a GPU") {

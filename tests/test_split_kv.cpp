@@ -153,6 +153,53 @@ TEST_CASE("stage 09: the mirrors count what the models say, and K and V are read
   CHECK(static_cast<double>(c.matmul_flops) == p.forward_flops());
 }
 
+TEST_CASE("stage 09's model counts SRAM and other FLOPs as the mirror's loops do, split and not") {
+  // Decoding and short-prefill shapes whose plan at the model's SM count has
+  // one split, a few and many; grouped (H_kv < H, G Nq past one row tile) and
+  // not; causal (rows that see only part of a split, or none of the last) and
+  // not. The mirror walks the kernel's blocks and counts each access and
+  // operation where it happens; the model is the closed form.
+  struct Shape {
+    std::int64_t B, H, H_kv, Nq, Nk, d;
+  };
+  const Shape shapes[] = {{1, 8, 2, 1, 1000, 40}, {2, 4, 4, 3, 777, 59}, {1, 32, 1, 5, 2049, 16},
+                          {1, 2, 1, 16, 33, 64},  {2, 4, 2, 7, 300, 128}};
+  std::uint64_t seed = 140;
+  int one = 0, several = 0;
+  for (const Shape& sh : shapes) {
+    for (bool causal : {false, true}) {
+      Problem p = flashstep::test::make_problem(sh.B, sh.H, sh.Nq, sh.Nk, sh.d, causal);
+      p.H_kv = sh.H_kv;
+      const auto in = flashstep::random_inputs(p, seed++);
+      const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
+      for (bool split : {true, false}) {
+        CAPTURE(p.describe());
+        CAPTURE(split);
+        const sk::Plan plan = sk::make_plan(p, sk::kModelSmCount, split);
+        (plan.splits > 1 ? several : one) += 1;
+        const Run r = run_kvcache(p, in, full, sk::kModelSmCount, split);
+        const flashstep::Cost model = split ? sk::model(p) : sk::model_one_block(p);
+        flashstep::test::check_counts_equal(r.counted, model);
+        CHECK(r.counted.sram_read_bytes > 0);
+        CHECK(r.counted.nonmatmul_flops > 0);
+      }
+    }
+  }
+  CHECK(one >= 10);
+  CHECK(several >= 8);
+
+  // One query, one head, one 32-key tile, d = 4, fp32, by hand.
+  // SRAM writes: Q 4 + K and V 2 * 32 * 4 + P~ 32 + alpha 1 + m, l 2 = 295 floats.
+  // Reads: S 32 * 4 * 2, P~ V 32 * 4 * 2, alpha 4, l 4 and m, l 2 = 522 floats.
+  // Non-matmul: 32 scales, 4 * 32 per key, 5 + 4 for the tile, 4 + 3 at the end = 176.
+  const Problem tiny = flashstep::test::make_problem(1, 1, 1, 32, 4, false);
+  const flashstep::Cost c = sk::model(tiny);
+  CHECK(c.sram_write_bytes == 295 * 4);
+  CHECK(c.sram_read_bytes == 522 * 4);
+  CHECK(c.nonmatmul_flops == 176);
+  CHECK(c.matmul_flops == 2 * 32 * 4 * 2);
+}
+
 TEST_CASE("stage 09's KV cache: lengths that differ across the batch, queries at each sequence's end") {
   // capacity 300; sequence lengths 1, capacity, 0 (nothing cached yet), and
   // ragged ones. Sequence b is the problem with Nk = seqlens[b] on the first

@@ -1,12 +1,45 @@
 // Stage 09's model, workspace and registry entries (host only).
+//
+// Counting conventions (common/cost.h), over the split kernel's blocks (K/V
+// head, row tile of R rows, split of C keys in ceil(C / kBc) K/V tiles) and
+// the merge; valid rows, keys and columns only, as in common/fa2_model.cpp:
+// the kernel's zero padding (rows past R, keys past the split, columns past d)
+// is not counted.
+// - HBM: Q once per split, K and V once per (row tile, split), the partials
+//   (d + 1 fp32 per row and split) written and read back by the merge, O and
+//   L written once; with one split O and L straight from the split kernel.
+// - SRAM writes: the block's Q rows (R d, widened to fp32), each K/V tile
+//   (2 C d elements of p.dtype), per row and tile P~ (a float per key) and
+//   alpha (one), and per row at the end m and l (2 floats).
+// - SRAM reads, one per multiply-add operand as in stages 01-06: a Q (fp32)
+//   and a K element per (visible score, column); a P~ (fp32) and a V element
+//   per (row, key read, column); alpha once per O~ element and tile, l once
+//   per O element, m and l once per row for L. The merge has no shared memory.
+// - Matmul FLOPs: 2 d per visible score (S), 2 d per (row, key read) (P~ V).
+// - Non-matmul FLOPs: the scale per visible score (masked ones are not
+//   computed); max, subtract, exp2 and add to the row sum per (row, key
+//   read); per row and tile the max with m, alpha (subtract, exp2), l alpha +
+//   sum (2) and d rescales of O~; per row at the end d divisions and
+//   L = (m + log2 l) ln 2 (3), counted even where l = 0 selects O = 0 and
+//   L = -inf. The merge: lse_merge per (row, split), and per (element,
+//   split) partial_weight, a multiply and an add (common/partial_merge.h).
 #include <algorithm>
 #include <cstdint>
 
+#include "common/partial_merge.h"
 #include "split_kv.h"
 
 namespace flashstep::split_kv {
 
 namespace {
+
+// Non-matmul FLOPs of the split kernel, as the conventions above list them.
+constexpr std::int64_t kFlopsPerVisibleScore = 1;  // the scale
+constexpr std::int64_t kFlopsPerKey = 4;           // max, subtract, exp2, add (per row)
+constexpr std::int64_t kFlopsPerRowTile = 5;       // max with m, subtract, exp2, l alpha + sum
+constexpr std::int64_t kFlopsPerRowEnd = 3;        // log2, add, times ln 2 (besides d divisions)
+// The merge's per (element, split): w O_s, then the add (besides partial_weight).
+constexpr std::int64_t kMergeFlopsPerElem = 2;
 
 // Sum over x = x0 .. x0 + n - 1 of clamp(x, lo, hi) - lo (0 when hi <= lo):
 // the keys of [lo, hi) that rows seeing x keys each see, in closed form.
@@ -21,8 +54,8 @@ std::int64_t clamped_sum(std::int64_t x0, std::int64_t n, std::int64_t lo, std::
 
 // The counts of `plan` on p, by the split kernel's loops summed in closed form.
 Cost count(const Problem& p, const Plan& plan) {
-  constexpr std::int64_t F = kFloatBytes;  // L and the partials
-  const std::int64_t E = p.elem_bytes();
+  constexpr std::int64_t F = kFloatBytes;  // L, the partials, and Q, P~, alpha, m, l on chip
+  const std::int64_t E = p.elem_bytes();    // Q, K, V and O; K and V on chip
   const std::int64_t kv_heads = p.B * p.kv_heads();
   const std::int64_t rows_total = p.heads() * p.Nq;
   Cost c;
@@ -44,10 +77,25 @@ Cost count(const Problem& p, const Plan& plan) {
     const std::int64_t k_hi = std::min(k_lo + plan.keys_per_split, p.Nk);
     seen += p.causal ? clamped_sum(p.Nk - p.Nq + 1, p.Nq, k_lo, k_hi) : p.Nq * (k_hi - k_lo);
   }
-  c.matmul_flops = 2 * p.d * p.heads() * (seen + p.Nq * p.Nk);
+  const std::int64_t visible = p.heads() * seen;  // scores computed
+  const std::int64_t key_rows = rows_total * p.Nk;  // (row, key read) over the splits
+  // (row, K/V tile): keys_per_split is a multiple of kBc, so the splits'
+  // tiles together are the ceil(Nk / kBc) tiles of the whole sequence.
+  const std::int64_t row_kv_tiles = rows_total * ((p.Nk - 1) / kBc + 1);
+  const std::int64_t row_ends = plan.splits * rows_total;  // (row, split)
+  c.matmul_flops = 2 * p.d * (visible + key_rows);
+  c.sram_write_bytes = plan.splits * rows_total * p.d * F +            // Q
+                       kv_heads * plan.row_tiles * 2 * p.Nk * p.d * E +  // K and V
+                       key_rows * F + row_kv_tiles * F + row_ends * 2 * F;  // P~, alpha; m, l
+  c.sram_read_bytes = (visible + key_rows) * p.d * (F + E) +  // S and P~ V operands
+                      row_kv_tiles * p.d * F + row_ends * (p.d + 2) * F;  // alpha; l, then m, l
+  c.nonmatmul_flops = kFlopsPerVisibleScore * visible + kFlopsPerKey * key_rows +
+                      row_kv_tiles * (kFlopsPerRowTile + p.d) + row_ends * (p.d + kFlopsPerRowEnd);
   if (plan.splits > 1) {  // the merge: every partial read, O and L written
     c.hbm_read_bytes += plan.splits * rows_total * (p.d + 1) * F;
     c.hbm_write_bytes += rows_total * (p.d * E + F);
+    c.nonmatmul_flops += row_ends * (kLseMergeFlops +
+                                     p.d * (kPartialWeightFlops + kMergeFlopsPerElem));
   }
   c.thread_blocks = thread_blocks(p, plan);
   return c;

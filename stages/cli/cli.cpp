@@ -136,11 +136,14 @@ std::vector<const Stage*> typed_stages(const std::vector<const Stage*>& stages,
 }
 
 // Cells that place a row's problem in CSV and JSON (hidden in the text table).
-const std::vector<std::string> kProblemColumns = {".B", ".H", ".Nq", ".Nk", ".d", ".causal"};
+// H_kv is always written (H when --H-kv is not given): a grouped run's row
+// must not read as the same problem as the ungrouped one.
+const std::vector<std::string> kProblemColumns = {".B", ".H", ".H_kv", ".Nq", ".Nk", ".d",
+                                                  ".causal"};
 
 std::vector<Cell> problem_cells(const Problem& p) {
-  return {integer(p.B), integer(p.H), integer(p.Nq), integer(p.Nk), integer(p.d),
-          integer(p.causal ? 1 : 0)};
+  return {integer(p.B), integer(p.H), integer(p.kv_heads()), integer(p.Nq), integer(p.Nk),
+          integer(p.d), integer(p.causal ? 1 : 0)};
 }
 
 void append(std::vector<Cell>& row, const std::vector<Cell>& more) {

@@ -23,9 +23,18 @@
 
 #include <cmath>  // INFINITY: a constant nvcc takes in device code, unlike numeric_limits
 
+#include <cstdint>
+
 #include "host_device.h"
 
 namespace flashstep {
+
+/// Non-matmul FLOPs of one lse_merge as the models count them (common/cost.h):
+/// max, min, subtract, exp, log1p, add. Counted even where an operand is -inf
+/// and the function returns early: the models count the algorithm, not the data.
+inline constexpr std::int64_t kLseMergeFlops = 6;
+/// Non-matmul FLOPs of one partial_weight: subtract, exp (counted as above).
+inline constexpr std::int64_t kPartialWeightFlops = 2;
 
 /// log(exp(L_a) + exp(L_b)), exact for -inf operands (a partial that saw no
 /// key) and free of overflow: the larger of the two is factored out, so the
