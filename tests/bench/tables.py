@@ -240,19 +240,21 @@ def traffic_table(rows, stages=None):
     return "\n".join(lines) + "\n"
 
 
-def glance_table(rows, rows16=(), N=4096, d=64):
+def glance_table(rows, rows16=(), rows08=(), N=4096, d=64):
     """One reference problem, every stage in its own type (fp32 for 01-06, from
-    forward.csv; stage 07 in bf16, from forward16.csv): modelled HBM bytes beside the time."""
+    forward.csv; stages 07 and 08 in bf16, from forward16.csv and forward08.csv):
+    modelled HBM bytes beside the time."""
     def at(r):
         return int(r["Nq"]) == N and int(r["d"]) == d and r["causal"] == "0"
     sel = [r for r in rows if at(r)]
     sel16 = [r for r in rows16 if at(r) and r["stage"] == TENSOR_CORE and dtype_of(r) == "bf16"]
+    sel08 = [r for r in rows08 if at(r) and r["stage"] == HOPPER and dtype_of(r) == "bf16"]
     if not sel:
         return ""
     lines = [f"At N = {N}, d = {d}, B = {sel[0]['B']}, H = {sel[0]['H']}, non-causal:", "",
              "| stage | dtype | HBM bytes (model) | median ms | TFLOP/s |",
              "| --- | --- | ---: | ---: | ---: |"]
-    for r in sel + sel16:
+    for r in sel + sel16 + sel08:
         hbm = int(r["HBM read"]) + int(r["HBM write"])
         ms = f"{float(r['median ms']):.3g}" if r["median ms"] else "–"
         tflops = f"{float(r['TFLOP/s']):.1f}" if r["TFLOP/s"] else "–"
@@ -260,6 +262,8 @@ def glance_table(rows, rows16=(), N=4096, d=64):
     out = "\n".join(lines) + "\n\n" + provenance(rows, "forward.csv") + "\n"
     if sel16:
         out += "\n" + provenance(rows16, "forward16.csv") + "\n"
+    if sel08:
+        out += "\n" + provenance(rows08, "forward08.csv") + "\n"
     return out
 
 
@@ -1188,7 +1192,7 @@ def main():
     edits[readme] = [("results:causal", causal_body(causal)),
                      ("results:forward", body_fwd), ("results:traffic", body_traffic),
                      ("results:long", long_table(fp32_only(read("long.csv")))),
-                     ("results:glance", glance_table(fwd, rows16)),
+                     ("results:glance", glance_table(fwd, rows16, rows08)),
                      ("results:backward", body_backward), ("results:tensor_core", body_tc),
                      ("results:hopper", hopper_body(rows08, peers, ceilings, ladder=False))]
 
