@@ -1101,6 +1101,14 @@ def backward16_goal(rows):
     return "\n".join(lines) + "\n" if len(lines) > 4 else ""
 
 
+def backward16_summary(rows):
+    """README.md's <!-- results:backward16_goal -->: issue 13's goal table alone, with its
+    provenance; until backward16.csv is recorded, says so."""
+    if not rows:
+        return not_recorded("Stage 07's backward sweep (backward16.csv)", "build backward16")
+    return backward16_goal(rows) + "\n" + provenance(rows, "backward16.csv") + "\n"
+
+
 def backward16_body(rows):
     """stages/07_tensor_core/README.md's <!-- results:backward16 -->: TFLOP/s of stage 07's
     bf16 backwards and SDPA's against N, backward alone and forward + backward, with
@@ -1194,7 +1202,8 @@ def main():
                      ("results:long", long_table(fp32_only(read("long.csv")))),
                      ("results:glance", glance_table(fwd, rows16, rows08)),
                      ("results:backward", body_backward), ("results:tensor_core", body_tc),
-                     ("results:hopper", hopper_body(rows08, peers, ceilings, ladder=False))]
+                     ("results:hopper", hopper_body(rows08, peers, ceilings, ladder=False)),
+                     ("results:backward16_goal", backward16_summary(read("backward16.csv")))]
 
     for folder in sorted(os.listdir(os.path.join(ROOT, "stages"))):
         path = os.path.join(ROOT, "stages", folder, "README.md")
