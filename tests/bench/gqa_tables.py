@@ -15,9 +15,10 @@ import os
 NOT_RECORDED = ("_Prefill with grouped heads (gqa_prefill.csv): not recorded yet; on a GPU, "
                 "`bash tests/bench/run_all.sh LOGDIR build gqa tables` records it "
                 "(tests/bench/gqa_prefill.py)._\n")
-CRITERION = ("ratio = median time at H_kv ÷ median time at H_kv = H, same stage, type and "
-             "problem; *slower*: slower beyond the measured spread (its p20 above the "
-             "H_kv = H run's p80), what the goal lines count")
+CRITERION = ("Ratio: the median time at H_kv ÷ the median at H_kv = H, same stage, type and "
+             "problem. Issue 15's goal is a ratio of at most 1.0; a grouped run counts as "
+             "*slower* only beyond the measured spread (its p20 above the H_kv = H run's p80), "
+             "and a check that is not ok counts against the goal")
 MAX_LISTED = 4  # misses a goal line names before "and k more": the line stays one line
 
 
@@ -73,11 +74,12 @@ def gqa_table(rows, d, causal):
                     misses.append(f"{stage} {dtype} N = {n:,} H_kv = {g} (×{v[0]:.2f})")
             lines.append(f"| {stage} {dtype} | {n:,} | " + " | ".join(cells) + " |")
     judged = met + len(misses)
+    goal = f"Goal (no grouped run slower than H_kv = {H}): "
     if not misses:
-        goal = f"Goal met at all {judged} grouped points."
+        goal += f"met at all {judged} grouped points."
     else:
         more = len(misses) - MAX_LISTED
-        goal = (f"Goal not met at {len(misses)} of {judged} grouped points: "
+        goal += (f"not met at {len(misses)} of {judged} grouped points: "
                 + "; ".join(misses[:MAX_LISTED]) + (f"; and {more} more" if more > 0 else "")
                 + ".")
     return "\n".join(lines) + "\n\n" + goal + "\n"
