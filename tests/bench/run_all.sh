@@ -44,6 +44,10 @@
 #             problems, H = 32 with H_kv 32/8/1, Nq 1 and 4, Nk 1k..512k, B 1..64, d = 128,
 #             beside PyTorch SDPA with enable_gqa when torch + CUDA are there; DECODE_ARGS
 #             picks points, e.g. "--Nq 1")
+#   gqa       gqa_prefill.py    -> gqa_prefill.csv (prefill, Nq = Nk, at H_kv = H, H/4 and 1 on
+#             the stages with grouped heads: 04-06 and 09 in fp32, 07_tensor_core in bf16; the
+#             paper's shapes at N = 1k/4k/16k, d = 64/128, causal and not; GQA_ARGS picks
+#             points, e.g. "--N 16384 --d 128")
 #   ring      ring.py           -> ring.csv     (stage 10 on every visible GPU, needs 2 or more:
 #             weak and strong scaling, the longest N, the overlap switched off; RING_ARGS
 #             picks parts, e.g. "--parts weak"; the rows are added to those already recorded)
@@ -74,6 +78,7 @@
 #   (then --Nq 1 --dtype bf16, --Nq 4 --dtype fp32, --Nq 4 --dtype bf16: each adds its rows)  # timed
 #   SWEEP_ARGS="--d 64" bash tests/bench/run_all.sh /tmp/i build sweep08   # not timed yet
 #   (then SWEEP_ARGS="--d 128"; each adds its rows to forward08.csv), then build ablation08
+#   bash tests/bench/run_all.sh /tmp/j build gqa tables    # ~3-4 min (estimate: 04-06 from forward.csv, 09 guessed)
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
@@ -86,10 +91,11 @@
 # CAUSAL_ARGS (flags for flashstep_causal, e.g. "--d 64 --N 4096"),
 # ABLATION_ARGS (extra flags for ablation.py, e.g. "--d 64"),
 # RING_ARGS (flags for ring.py, e.g. "--parts strong long contrast"),
-# DECODE_ARGS (flags for decode.py, e.g. "--Nq 1 --dtype fp32": the decode sweep in several calls).
+# DECODE_ARGS (flags for decode.py, e.g. "--Nq 1 --dtype fp32": the decode sweep in several calls),
+# GQA_ARGS (extra flags for gqa_prefill.py, e.g. "--N 1024 --d 64").
 set -uo pipefail
 all_steps=(build device sweep sweep16 long peers traffic backward backward16 ceilings tiles causal
-           splitq ablation sweep08 ablation08 decode ring tables plots)
+           splitq ablation sweep08 ablation08 decode gqa ring tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -111,6 +117,7 @@ read -r -a causal_args <<<"${CAUSAL_ARGS:-}"
 read -r -a ablation_args <<<"${ABLATION_ARGS:-}"
 read -r -a ring_args <<<"${RING_ARGS:-}"
 read -r -a decode_args <<<"${DECODE_ARGS:-}"
+read -r -a gqa_args <<<"${GQA_ARGS:-}"
 if [ -z "${FLASHSTEP_COMMIT:-}" ]; then
   FLASHSTEP_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
   if [ "$FLASHSTEP_COMMIT" != unknown ] && ! git diff --quiet HEAD -- 2>/dev/null; then
@@ -315,6 +322,11 @@ for s in "${steps[@]}"; do
       step decode "$py" tests/bench/decode.py --flashstep "$exe" --append --out "$log/decode.csv" \
         "${peers_flag[@]}" "${decode_args[@]}"
       record decode decode.csv
+      ;;
+    gqa)
+      step gqa "$py" tests/bench/gqa_prefill.py --flashstep "$exe" \
+        --out "$log/gqa_prefill.csv" "${gqa_args[@]}"
+      record gqa gqa_prefill.csv
       ;;
     ring)
       if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -lt 2 ]; then

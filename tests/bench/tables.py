@@ -11,9 +11,11 @@ backward's CSVs (backward.py: backward.csv, backward_memory.csv,
 backward_determinism.csv; traffic.py --backward: backward_traffic.csv) fill
 <!-- results:backward:begin/end --> wherever it appears; the course track's
 docs/results/course.csv (course_bench.py) fills <!-- results:course:begin/end -->
-in docs/assignments/07_pytorch_triton.md (course_tables.py), and stage 10's
+in docs/assignments/07_pytorch_triton.md (course_tables.py), and stage 09's
 docs/results/decode.csv (decode.py) fills <!-- results:decode:begin/end --> in
-README.md and stages/09_split_kv/README.md (decode_tables.py);
+README.md and stages/09_split_kv/README.md (decode_tables.py), and
+docs/results/gqa_prefill.csv (gqa_prefill.py: prefill with H_kv = H, H/4, 1)
+fills <!-- results:gqa:begin/end --> in stages/09_split_kv/README.md (gqa_tables.py);
 docs/results/ring.csv (ring.py) fills <!-- results:ring:begin/end --> in
 README.md and stages/10_ring/README.md (ring_tables.py). The fp32
 peers become extra rows of the forward tables. docs/results/causal.csv
@@ -1251,6 +1253,10 @@ def main():
     # Stage 09, decoding (decode.py), in README.md and the stage's README.
     from decode_tables import decode_edits
     for path, subs in decode_edits(ROOT, read).items():
+        edits.setdefault(path, []).extend(subs)
+    # Prefill with grouped heads (gqa_prefill.py), in stage 09's README.
+    from gqa_tables import gqa_edits
+    for path, subs in gqa_edits(ROOT, read).items():
         edits.setdefault(path, []).extend(subs)
 
     stale = []

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Times prefill (Nq = Nk) with grouped-query heads on the forward stages that run them.
+
+Issue 15's goal: prefill with GQA through the forward stages costs no more
+than with H_kv = H. So each problem of the FlashAttention-2 paper's sweep
+(B = 16384/N, H = 2048/d; N in {1024, 4096, 16384}, d in {64, 128}, causal
+and not) runs at H_kv = H, H/4 and 1 (multi-query), one H_kv after the
+other so that the runs a ratio compares are close in time. Each run is one
+`flashstep --format csv` call (checked against the fp64 reference on sampled
+rows, timed with CUDA events, L2 flushed, median and p20/p80 of the timed
+runs) on the stages with Stage::grouped_heads, each in the type it runs in
+(no --dtype: the CSV's dtype column says which):
+
+  fp32  04_fa2_q_outer, 05_sequence_parallel, 06_warp_split_q,
+        06_warp_split_k, 09_split_kv
+  bf16  07_tensor_core
+
+Stages 04-07 index the shared K/V head and still read it once per query
+head (L2 may serve the repeats); stage 09 makes the heads of a group rows of
+one block. Rows go to the output CSV with H_kv and the GPU, driver, date and
+commit; one progress line per problem and H_kv goes to stderr. Exits 2 on a
+bad argument or a missing flashstep binary, 1 when flashstep finds no GPU, a
+run fails or a check is not ok.
+
+    python3 tests/bench/gqa_prefill.py --flashstep build/stages/cli/flashstep \\
+        --out docs/results/gqa_prefill.csv [--N 1024 4096] [--d 64] [--causal no]
+"""
+import argparse
+import csv
+import datetime
+import io
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep import HIDDEN, ITERS, LONG_N, TOKENS, gpu_facts, write_csv  # noqa: E402
+
+# flashstep --stage selector: every forward stage with grouped heads. One call
+# runs them all, each in its own type, so the inputs are drawn once a point
+# (at N = 16k that is 10^8 normal samples on the host). Stage 07's ladder
+# steps are left out (07_tensor_core is the stage; the steps are its
+# history), and so is 09_one_block: at these shapes 09_split_kv's rule already
+# picks one split (the B * H_kv row tiles fill the GPU), the same kernel.
+STAGES = "04,05,06,07_tensor_core,09_split_kv"
+N_VALUES = [1024, 4096, 16384]
+D_VALUES = [64, 128]
+GROUP = 4          # the grouped case between MHA and MQA: H_kv = H / 4 (Llama-style)
+MAX_D = 256        # flashstep's --d limit
+COLUMNS = ["stage", "dtype", "check", "median ms", "p20 ms", "p80 ms", "TFLOP/s", "HBM read",
+           "HBM write", "blocks", "B", "H", "H_kv", "Nq", "Nk", "d", "causal", "gpu", "driver",
+           "max_sm_clock", "date", "commit"]
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that says what was wrong in one line (no usage block), exit 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"gqa_prefill: {message}\n")
+
+
+def kv_heads(H):
+    """H_kv values for H query heads: H (MHA), H / 4 where 4 divides H, 1 (MQA)."""
+    values = [H] + ([H // GROUP] if H % GROUP == 0 else []) + [1]
+    return list(dict.fromkeys(values))
+
+
+def parse_args(argv=None):
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
+    ap.add_argument("--out", required=True, help="CSV to write")
+    ap.add_argument("--N", type=int, nargs="+", default=N_VALUES,
+                    help="sequence lengths (Nq = Nk), each dividing 16384 (B = 16384/N)")
+    ap.add_argument("--d", type=int, nargs="+", default=D_VALUES,
+                    help="head dimensions, each dividing 2048 (H = 2048/d), at most 256")
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
+    args = ap.parse_args(argv)
+    for n in args.N:
+        if n <= 0 or TOKENS % n:
+            ap.error(f"--N {n}: must divide {TOKENS} (B = {TOKENS}/N)")
+    for d in args.d:
+        if d <= 0 or d > MAX_D or HIDDEN % d:
+            ap.error(f"--d {d}: must divide {HIDDEN} (H = {HIDDEN}/d) and be at most {MAX_D}")
+    if not (os.path.isfile(args.flashstep) and os.access(args.flashstep, os.X_OK)):
+        ap.error(f"--flashstep {args.flashstep}: no executable there "
+                 "(cmake --build build --target flashstep)")
+    return args
+
+
+def problems(args):
+    """(N, d, causal, H_kv), the H_kv values of one problem one after the other."""
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    for d in args.d:
+        for causal in causals:
+            for N in args.N:
+                for h_kv in kv_heads(HIDDEN // d):
+                    yield N, d, causal, h_kv
+
+
+def run_point(exe, N, d, causal, h_kv):
+    """flashstep's rows on one problem, and its exit status."""
+    B, H = TOKENS // N, HIDDEN // d
+    warmup, iters = ITERS["long" if N >= LONG_N else "short"]
+    cmd = [exe, "--stage", STAGES, "--B", str(B), "--H", str(H),
+           "--H-kv", str(h_kv), "--N", str(N), "--d", str(d), "--format", "csv",
+           "--warmup", str(warmup), "--iters", str(iters)]
+    if causal:
+        cmd.append("--causal")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    if rows and "check" not in rows[0]:
+        # The model alone: flashstep found no GPU. Its stderr says why, in
+        # "flashstep: no usable CUDA device (why); printing the modelled ...".
+        why = next((line.removeprefix("flashstep: ").split(";")[0]
+                    for line in proc.stderr.splitlines() if "CUDA device" in line),
+                   "it printed the model only")
+        sys.exit(f"gqa_prefill: flashstep found no GPU: {why}; nothing recorded")
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+    point = {"B": B, "H": H, "H_kv": h_kv, "Nq": N, "Nk": N, "d": d, "causal": int(causal)}
+    return [{**{c: r.get(c, "") for c in COLUMNS}, **point} for r in rows], proc.returncode
+
+
+def main():
+    args = parse_args()
+    meta = gpu_facts()
+    meta.update(date=datetime.date.today().isoformat(), commit=args.commit)
+    points = list(problems(args))
+    rows, failures = [], 0
+    for k, (N, d, causal, h_kv) in enumerate(points, 1):
+        t0 = time.time()
+        got, rc = run_point(args.flashstep, N, d, causal, h_kv)
+        failures += rc != 0 or not got
+        rows += [{**r, **meta} for r in got]
+        print(f"[{k}/{len(points)}] N={N} d={d} causal={int(causal)} H={HIDDEN // d} "
+              f"H_kv={h_kv}: {time.time() - t0:.1f} s, exit {rc}", file=sys.stderr, flush=True)
+    if not rows:
+        sys.exit("gqa_prefill: no results")
+    write_csv(args.out, rows, COLUMNS)
+    bad = sum(1 for r in rows if r["check"] != "ok")
+    print(f"gqa_prefill: {len(rows)} rows to {args.out}; {failures} run(s) failed, "
+          f"{bad} check(s) not ok", file=sys.stderr)
+    sys.exit(1 if failures or bad else 0)
+
+
+if __name__ == "__main__":
+    main()
