@@ -80,12 +80,19 @@ def summary(rows, dtype):
             f"{100 * max(long):.0f}% of the copy ceiling (the goal: 85%).\n")
 
 
-def provenance(rows):
+def script_provenance(rows, name, script, extra=""):
+    """The line under a table: which CSV, written by which script, on which runs
+    (GPU, driver, date, commit), then `extra`."""
     runs = sorted({(r.get("gpu") or "GPU not recorded", r["driver"], r["date"], r["commit"][:10])
                    for r in rows})
-    return ("_Recorded in `docs/results/decode.csv` (tests/bench/decode.py): "
+    return (f"_Recorded in `docs/results/{name}` ({script}): "
             + "; ".join(f"{g}, driver {dr}, {da}, commit `{c}`" for g, dr, da, c in runs)
-            + "; the copy ceiling from `docs/results/ceilings.csv`._\n")
+            + f"{extra}._\n")
+
+
+def provenance(rows):
+    return script_provenance(rows, "decode.csv", "tests/bench/decode.py",
+                             "; the copy ceiling from `docs/results/ceilings.csv`")
 
 
 def decode_body(read):

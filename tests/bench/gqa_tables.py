@@ -12,6 +12,8 @@ A run whose check is not ok counts against the goal (the time of a wrong
 answer shows nothing)."""
 import os
 
+from decode_tables import script_provenance
+
 NOT_RECORDED = ("_Prefill with grouped heads (gqa_prefill.csv): not recorded yet; on a GPU, "
                 "`bash tests/bench/run_all.sh LOGDIR build gqa tables` records it "
                 "(tests/bench/gqa_prefill.py)._\n")
@@ -86,11 +88,7 @@ def gqa_table(rows, d, causal):
 
 
 def provenance(rows):
-    runs = sorted({(r.get("gpu") or "GPU not recorded", r["driver"], r["date"], r["commit"][:10])
-                   for r in rows})
-    return ("_Recorded in `docs/results/gqa_prefill.csv` (tests/bench/gqa_prefill.py): "
-            + "; ".join(f"{g}, driver {dr}, {da}, commit `{c}`" for g, dr, da, c in runs)
-            + "._\n")
+    return script_provenance(rows, "gqa_prefill.csv", "tests/bench/gqa_prefill.py")
 
 
 def gqa_body(read):

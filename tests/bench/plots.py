@@ -862,6 +862,16 @@ def ablation_figure(rows16, peers, ablation):
     return fig
 
 
+def tflops_panel(ax, ns, d, causal, legend_at):
+    """The axes of one (d, causal) panel of TFLOP/s against N, its lines drawn."""
+    if ns:
+        log2_n_axis(ax, ns)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"d = {d}, {'causal' if causal == '1' else 'non-causal'}")
+    ax.legend(fontsize=7, loc=legend_at)
+
+
 def hopper_figure(rows08, peers):
     """Stage 08: 2 x 2 panels (d x causal) of bf16 TFLOP/s against N, 07_tensor_core and
     each step of stage 08's ladder (forward08.csv, shades of blue as the steps add up),
@@ -890,12 +900,7 @@ def hopper_figure(rows08, peers):
                 if pts:
                     ax.plot([n for n, _ in pts], [v for _, v in pts], color=look[0],
                             linestyle=look[1], marker="s", label=PEERS16[peer])
-            if ns:
-                log2_n_axis(ax, ns)
-            ax.set_ylim(bottom=0)
-            ax.set_ylabel("TFLOP/s")
-            ax.set_title(f"d = {d}, {'causal' if causal == '1' else 'non-causal'}")
-            ax.legend(fontsize=7, loc="lower right")
+            tflops_panel(ax, ns, d, causal, "lower right")
     src = provenance(rows08, "forward08.csv")
     if theirs:
         src += f"; {provenance(theirs, 'peers.csv')}"
@@ -927,12 +932,7 @@ def backward16_figure(rows):
                     colour, style = BACKWARD16_LOOKS[stage]
                     ax.plot([n for n, _ in pts], [v for _, v in pts], color=colour,
                             linestyle=style, marker="o" if style == "-" else "s", label=label)
-            if ns:
-                log2_n_axis(ax, ns)
-            ax.set_ylim(bottom=0)
-            ax.set_ylabel("TFLOP/s")
-            ax.set_title(f"d = {d}, {'causal' if causal == '1' else 'non-causal'}")
-            ax.legend(fontsize=7, loc="upper left")
+            tflops_panel(ax, ns, d, causal, "upper left")
     fig.suptitle(f"Stage 07's backward, bf16, TFLOP/s ({BACKWARD_FLOP_RULE}; {SWEEP_RULE})\n"
                  f"{provenance(rows, 'backward16.csv')}", fontsize=11)
     fig.tight_layout()
