@@ -33,7 +33,9 @@ fill <!-- results:tensor_core:begin/end --> (07 against the 16-bit peers,
 README.md), and in stages/07_tensor_core/README.md <!-- results:begin/end -->
 (the whole 16-bit sweep with the peers), <!-- results:ablation:begin/end -->
 and <!-- results:tiles:begin/end -->, and backward16.csv (backward16.py: its
-bf16 backwards with SDPA's) <!-- results:backward16:begin/end -->; a section
+bf16 backwards with SDPA's) <!-- results:backward16:begin/end -->, and
+ablation16.csv (ablation.py --backward: ncu on each kernel of those backwards
+and of FlashAttention-2's) <!-- results:ablation16:begin/end -->; a section
 whose CSV is not recorded yet says so.
 
 Stage 08 (Hopper) has forward08.csv (run_all.sh step sweep08: sweep.py --stage
@@ -1154,6 +1156,94 @@ def backward16_body(rows):
     return "\n".join(parts)
 
 
+# ablation16.csv's counters in its tables, after the time and the share: the
+# hypotheses' counters first (stages/07_tensor_core/README.md, "What the sweep
+# says"), then ablation.csv's. Each (column, header, format, summed): a
+# counter of events adds up over a backward's kernels; a rate or a per-thread
+# figure does not, and its total cell stays empty.
+ABLATION16_COLUMNS = [
+    ("l2_red_sectors", "L2 red. sectors", "count", True),
+    ("local_ld_sectors", "local ld sectors", "count", True),
+    ("local_st_sectors", "local st sectors", "count", True),
+    ("tensor_active_pct", "tensor active %", "f1", False),
+    ("stall_long_scoreboard", "stall: long sb", "f2", False),
+    ("registers", "regs", "int", False),
+    ("occupancy_pct", "occupancy %", "f1", False),
+    ("instructions", "warp instr.", "count", True),
+    ("smem_ld_conflicts", "bank confl. ld", "count", True),
+    ("smem_st_conflicts", "bank confl. st", "count", True),
+    ("smem_ld_wavefronts", "smem wavefr. ld", "count", True),
+    ("smem_st_wavefronts", "smem wavefr. st", "count", True),
+    *[(c, f"stall: {label}", "f2", False) for c, label in STALL_LABELS.items()
+      if c != "stall_long_scoreboard"],
+]
+ABLATION16_PEER = "sdpa_flash_bf16"  # ablation.py's name for FlashAttention-2's backward
+
+
+def ablation16_body(rows):
+    """stages/07_tensor_core/README.md's <!-- results:ablation16 -->: each kernel of stage
+    07's two bf16 backwards and of FlashAttention-2's under ncu (ablation16.csv), a table
+    per d: its time, its share of its backward's, the counters, a total row per backward;
+    then each backward's total beside FlashAttention-2's. Until recorded, says so."""
+    if not rows:
+        return not_recorded("The backward's kernels under ncu (ablation16.csv)",
+                             "build ablation16")
+    columns = [c for c in ABLATION16_COLUMNS if any(c[0] in r for r in rows)]
+    r0 = rows[0]
+    out = [f"**The backward, kernel by kernel** (ablation16.csv: one bf16 backward each under "
+           f"`ncu --clock-control none`, N = {r0['N']}, B = {r0['B']}, H = 2048/d, non-causal): "
+           "each kernel's time and share of its backward's, the L2 sectors of reductions "
+           "(`lts__t_sectors_op_red`: the atomic adds into dQ's accumulator), the local-memory "
+           "sectors loaded and stored (`l1tex__t_sectors_pipe_lsu_mem_local_op_{ld,st}`: the "
+           "spills), then ablation.csv's counters. A backward's total row sums its kernels' "
+           "times and event counts.", ""]
+    for d in sorted({int(r["d"]) for r in rows}):
+        mine = [r for r in rows if int(r["d"]) == d]
+        head = [f"d = {d}", "kernel", "ms (ncu)", "share"] + [h for _, h, _, _ in columns]
+        out += ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
+        totals = {}
+        for stage, label in BACKWARD16.items():
+            kernels = [r for r in mine if r["stage"] == stage]
+            timed = [r for r in kernels if r.get("duration_ns")]
+            total = sum(float(r["duration_ns"]) for r in timed)
+            for r in kernels:
+                if not r.get("duration_ns"):
+                    out.append(f"| {label} | {r['kernel'] or '–'} | counters unavailable: "
+                               f"{r['note']} |" + " |" * (len(head) - 3))
+                    continue
+                share = f"{100 * float(r['duration_ns']) / total:.1f}%"
+                cells = [show_counter(r["duration_ns"], "ms"), share] +                         [show_counter(r.get(c, ""), how) for c, _, how, _ in columns]
+                out.append(f"| {label} | {r['kernel'].rsplit('::', 1)[-1]} | "
+                           + " | ".join(cells) + " |")
+            if not timed:
+                continue
+            totals[stage] = total
+            sums = [show_counter(sum(float(r[c]) for r in timed if r.get(c)), how)
+                    if summed and any(r.get(c) for r in timed) else ""
+                    for c, _, how, summed in columns]
+            out.append(f"| {label} | **total** | **{show_counter(total, 'ms')}** | 100% | "
+                       + " | ".join(sums) + " |")
+        out.append("")
+        fa2 = totals.get(ABLATION16_PEER)
+        for stage, total in totals.items():
+            if stage == ABLATION16_PEER:
+                continue
+            against = (f"; FlashAttention-2's {show_counter(fa2, 'ms')} ms: ×{fa2 / total:.2f} "
+                       "its speed" if fa2 else "")
+            out.append(f"- d = {d}, {BACKWARD16[stage]}: {show_counter(total, 'ms')} ms in all"
+                       + against)
+        out.append("")
+    notes = sorted({f"{r['stage']}: {r['note']}" for r in rows
+                    if r.get("note") and r.get("duration_ns")})
+    if notes:
+        out += ["_" + "; ".join(notes) + "._", ""]
+    peer = [r for r in rows if r["stage"] == ABLATION16_PEER and r.get("torch")]
+    out.append(provenance(rows, "ablation16.csv")
+               + (f" _FlashAttention-2's backward through PyTorch {peer[0]['torch']}._"
+                  if peer else "") + "\n")
+    return "\n".join(out)
+
+
 # backward16.py's FLOP factors: the backward counts 2.5 forwards, forward + backward 3.5.
 FLOP_FACTORS = {"bwd": "2.5", "fwd+bwd": "3.5"}
 
@@ -1223,6 +1313,7 @@ def main():
                            ("results:ablation", ablation_body(rows16, read("ablation.csv"), peers)),
                            ("results:tiles", tiles_body(read("tiles.csv"))),
                            ("results:backward16", backward16_body(read("backward16.csv"))),
+                           ("results:ablation16", ablation16_body(read("ablation16.csv"))),
                            ("results:tensor_core", body_tc)]
             continue
         mine = [s for s in stages if s.startswith(folder[:3])]
