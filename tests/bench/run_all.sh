@@ -40,6 +40,10 @@
 #             into calls)
 #   ablation08 ablation.py --hopper -> ablation08.csv (ncu on 07_tensor_core and each step of
 #             stage 08's ladder, with the wgmma pipe's activity; skipped without ncu)
+#   ablation16 ablation.py --backward -> ablation16.csv (ncu on each kernel of stage 07's two
+#             bf16 backwards and of FlashAttention-2's, with the atomics' L2 reductions and the
+#             spills' local traffic; N = 4096, d = 64/128; skipped without ncu, kept old if no
+#             counters)
 #   decode    decode.py         -> decode.csv   (stage 09 and its one-block contrast on decoding
 #             problems, H = 32 with H_kv 32/8/1, Nq 1 and 4, Nk 1k..512k, B 1..64, d = 128,
 #             beside PyTorch SDPA with enable_gqa when torch + CUDA are there; DECODE_ARGS
@@ -79,6 +83,7 @@
 #   SWEEP_ARGS="--d 64" bash tests/bench/run_all.sh /tmp/i build sweep08   # not timed yet
 #   (then SWEEP_ARGS="--d 128"; each adds its rows to forward08.csv), then build ablation08
 #   bash tests/bench/run_all.sh /tmp/j build gqa tables    # ~3-4 min (estimate: 04-06 from forward.csv, 09 guessed)
+#   bash tests/bench/run_all.sh /tmp/k build ablation16                    # ~3-5 min, estimate
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
@@ -95,7 +100,7 @@
 # GQA_ARGS (extra flags for gqa_prefill.py, e.g. "--N 1024 --d 64").
 set -uo pipefail
 all_steps=(build device sweep sweep16 long peers traffic backward backward16 ceilings tiles causal
-           splitq ablation sweep08 ablation08 decode gqa ring tables plots)
+           splitq ablation sweep08 ablation08 ablation16 decode gqa ring tables plots)
 log=${1:?usage: bash tests/bench/run_all.sh LOGDIR [${all_steps[*]}]}
 shift
 steps=("$@")
@@ -312,6 +317,21 @@ for s in "${steps[@]}"; do
         record ablation08 ablation08.csv
       else
         say "ablation08: skipped, ncu read no counters here (see $log/ablation08.csv); $results/ablation08.csv left as it was"
+      fi
+      ;;
+    ablation16)
+      if ! command -v ncu >/dev/null; then
+        say "ablation16: skipped, no ncu on PATH; $results/ablation16.csv left as it was"
+        continue
+      fi
+      peer_flag=()
+      have_torch || peer_flag=(--no-peer)
+      step ablation16 "$py" tests/bench/ablation.py --backward --flashstep "$exe" \
+        --out "$log/ablation16.csv" --python "$py" "${peer_flag[@]}" "${ablation_args[@]}"
+      if has_counters "$log/ablation16.csv" duration_ns; then
+        record ablation16 ablation16.csv
+      else
+        say "ablation16: skipped, ncu read no counters here (see $log/ablation16.csv); $results/ablation16.csv left as it was"
       fi
       ;;
     decode)

@@ -1188,7 +1188,8 @@ def ablation16_body(rows):
     if not rows:
         return not_recorded("The backward's kernels under ncu (ablation16.csv)",
                              "build ablation16")
-    columns = [c for c in ABLATION16_COLUMNS if any(c[0] in r for r in rows)]
+    # A counter no row has (this ncu did not know it: the notes say so) gets no column.
+    columns = [c for c in ABLATION16_COLUMNS if any(r.get(c[0]) for r in rows)]
     r0 = rows[0]
     out = [f"**The backward, kernel by kernel** (ablation16.csv: one bf16 backward each under "
            f"`ncu --clock-control none`, N = {r0['N']}, B = {r0['B']}, H = 2048/d, non-causal): "
@@ -1212,7 +1213,8 @@ def ablation16_body(rows):
                                f"{r['note']} |" + " |" * (len(head) - 3))
                     continue
                 share = f"{100 * float(r['duration_ns']) / total:.1f}%"
-                cells = [show_counter(r["duration_ns"], "ms"), share] +                         [show_counter(r.get(c, ""), how) for c, _, how, _ in columns]
+                cells = [show_counter(r["duration_ns"], "ms"), share] + [
+                    show_counter(r.get(c, ""), how) for c, _, how, _ in columns]
                 out.append(f"| {label} | {r['kernel'].rsplit('::', 1)[-1]} | "
                            + " | ".join(cells) + " |")
             if not timed:
