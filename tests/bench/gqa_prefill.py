@@ -35,7 +35,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import HIDDEN, ITERS, LONG_N, TOKENS, gpu_facts, write_csv  # noqa: E402
+from sweep import HIDDEN, ITERS, LONG_N, ROW_KEY, TOKENS, gpu_facts, merged, write_csv  # noqa: E402
 
 # flashstep --stage selector: every forward stage with grouped heads. One call
 # runs them all, each in its own type, so the inputs are drawn once a point
@@ -52,6 +52,8 @@ COLUMNS = ["stage", "dtype", "check", "median ms", "p20 ms", "p80 ms", "TFLOP/s"
            "HBM write", "blocks", "B", "H", "H_kv", "Nq", "Nk", "d", "causal", "gpu", "driver",
            "max_sm_clock", "date", "commit"]
 EXIT_USAGE = 2
+# What says which run a row is, for --append: sweep.py's key and the K/V heads.
+GQA_KEY = (*ROW_KEY, "H_kv")
 
 
 class Parser(argparse.ArgumentParser):
@@ -76,6 +78,10 @@ def parse_args(argv=None):
     ap.add_argument("--d", type=int, nargs="+", default=D_VALUES,
                     help="head dimensions, each dividing 2048 (H = 2048/d), at most 256")
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--append", action="store_true",
+                    help="add the rows to those already in --out (a run of the same stage, type "
+                         "and problem replaces its old row), so that one sweep can be split into "
+                         "calls")
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     args = ap.parse_args(argv)
     for n in args.N:
@@ -139,10 +145,13 @@ def main():
               f"H_kv={h_kv}: {time.time() - t0:.1f} s, exit {rc}", file=sys.stderr, flush=True)
     if not rows:
         sys.exit("gqa_prefill: no results")
-    write_csv(args.out, rows, COLUMNS)
+    n_new = len(rows)
     bad = sum(1 for r in rows if r["check"] != "ok")
-    print(f"gqa_prefill: {len(rows)} rows to {args.out}; {failures} run(s) failed, "
-          f"{bad} check(s) not ok", file=sys.stderr)
+    if args.append:
+        rows = merged(args.out, rows, GQA_KEY)
+    write_csv(args.out, rows, COLUMNS)
+    print(f"gqa_prefill: {n_new} rows to {args.out} ({len(rows)} in all); {failures} run(s) "
+          f"failed, {bad} check(s) not ok", file=sys.stderr)
     sys.exit(1 if failures or bad else 0)
 
 

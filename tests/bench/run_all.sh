@@ -51,7 +51,7 @@
 #   gqa       gqa_prefill.py    -> gqa_prefill.csv (prefill, Nq = Nk, at H_kv = H, H/4 and 1 on
 #             the stages with grouped heads: 04-06 and 09 in fp32, 07_tensor_core in bf16; the
 #             paper's shapes at N = 1k/4k/16k, d = 64/128, causal and not; GQA_ARGS picks
-#             points, e.g. "--N 16384 --d 128")
+#             points, e.g. "--N 16384 --d 128"; the rows are added to those already recorded)
 #   ring      ring.py           -> ring.csv     (stage 10 on every visible GPU, needs 2 or more:
 #             weak and strong scaling, the longest N, the overlap switched off; RING_ARGS
 #             picks parts, e.g. "--parts weak"; the rows are added to those already recorded)
@@ -344,7 +344,9 @@ for s in "${steps[@]}"; do
       record decode decode.csv
       ;;
     gqa)
-      step gqa "$py" tests/bench/gqa_prefill.py --flashstep "$exe" \
+      # Rows add to those already recorded, so GQA_ARGS can split the sweep into calls.
+      [ -s "$results/gqa_prefill.csv" ] && cp "$results/gqa_prefill.csv" "$log/gqa_prefill.csv"
+      step gqa "$py" tests/bench/gqa_prefill.py --flashstep "$exe" --append \
         --out "$log/gqa_prefill.csv" "${gqa_args[@]}"
       record gqa gqa_prefill.csv
       ;;

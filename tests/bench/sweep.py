@@ -53,16 +53,18 @@ def write_csv(path, rows, columns=None):
         w.writerows(rows)
 
 
-def merged(path, rows):
+def merged(path, rows, key=ROW_KEY):
     """The rows of the CSV at `path` (none if it does not exist) with `rows` added,
-    each new row replacing an old one of the same ROW_KEY, in the old rows' order
-    and the new ones after."""
+    each new row replacing an old one of the same `key` columns, in the old rows'
+    order and the new ones after."""
     if not os.path.exists(path):
         return rows
     with open(path, newline="") as f:
         old = list(csv.DictReader(f))
-    new = {tuple(r.get(k, "") for k in ROW_KEY): r for r in rows}
-    kept = [r for r in old if tuple(r.get(k, "") for k in ROW_KEY) not in new]
+    def which(r):  # as text: a CSV's cells are, freshly made rows may hold numbers
+        return tuple(str(r.get(k, "")) for k in key)
+    new = {which(r) for r in rows}
+    kept = [r for r in old if which(r) not in new]
     columns = list(dict.fromkeys([*(old[0].keys() if old else []), *rows[0].keys()]))
     return [{c: r.get(c, "") for c in columns} for r in kept + rows]
 

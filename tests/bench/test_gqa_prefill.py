@@ -100,6 +100,9 @@ def script_checks():
         bad_n = run_script(folder, exe, "run", "--N", "3000", name="bad_n")
         bad_d = run_script(folder, exe, "run", "--d", "100", name="bad_d")
         helped = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True)
+        # --append: d = 64 into the run's CSV (its d = 64 rows replaced, d = 128 kept).
+        arc, _, arows, _ = run_script(folder, exe, "run", "--N", "1024", "--d", "64",
+                                      "--causal", "no", "--append", name="run")
     point_rows = [r for r in rows or [] if r["d"] == "64" and r["causal"] == "1"
                   and r["H_kv"] == "8"]
     return [
@@ -124,6 +127,10 @@ def script_checks():
                       for r in rows)),
         ("one progress line per problem and H_kv (2 d x 2 causal x 3 H_kv)",
          len(progress) == 12 and progress[0].startswith("[1/12] N=1024 d=64 causal=0")),
+        ("--append: new rows replace the same runs, the others are kept",
+         arc == 0 and rows and arows and len(arows) == len(rows)
+         and sorted(tuple(r.values()) for r in arows if r["d"] == "128")
+         == sorted(tuple(r.values()) for r in rows if r["d"] == "128")),
         ("a failed check: exit 1, the rows still written",
          frc == 1 and frows and all(r["check"] == "FAIL" for r in frows)),
         ("no GPU: exit 1, one line that says so, nothing written",
