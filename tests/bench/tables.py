@@ -851,6 +851,19 @@ def hopper_goal(rows08, theirs):
     return "\n".join(lines) + "\n" if len(lines) > 4 else ""
 
 
+def hopper_goal_block(rows08, peers):
+    """docs/stage08.md's <!-- results:goal -->: issue 14's goal table alone, with where its
+    numbers come from; until forward08.csv is recorded, says so."""
+    if not rows08:
+        return not_recorded("Stage 08's sweep beside stage 07 (forward08.csv)",
+                            "build sweep08 tables plots")
+    theirs = [r for r in peers if r["stage"] in (FA2_PEER, CUDNN_PEER)]
+    if not same_gpu(rows08, theirs):
+        return other_gpu_note(rows08, "forward08.csv", theirs, "peers.csv")
+    return (hopper_goal(rows08, theirs) + "\n" + provenance(rows08, "forward08.csv") + " "
+            + peers_provenance(theirs, "") + "\n")
+
+
 def hopper_body(rows08, peers, ceilings, ladder=True):
     """<!-- results --> of stages/08_hopper/README.md (ladder: every step of stage 08 and its
     fp16) and <!-- results:hopper --> of README.md (07_tensor_core and 08_hopper alone):
@@ -1334,6 +1347,10 @@ def main():
                        ("results:causal", causal_body(causal, [s for s in CAUSAL_STAGES
                                                                if s.startswith(folder[:3])])),
                        ("results:split_q_profile", split_q_profile_body(split_q_profile))]
+
+    # Stage 08's docs page: the goal table beside the paper's description.
+    edits[os.path.join(ROOT, "docs", "stage08.md")] = [
+        ("results:goal", hopper_goal_block(rows08, peers))]
 
     # The course track's benchmark (course_bench.py) in its assignment page.
     from course_tables import course_edits
