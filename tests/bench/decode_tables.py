@@ -112,7 +112,12 @@ def decode_edits(root, read):
     plot = "docs/results/plots/decode_bandwidth.png"
     alt = "stage 09's bandwidth against Nk beside one block per head and PyTorch SDPA"
     recorded = body != NOT_RECORDED
-    return {os.path.join(root, "README.md"):
+    rows = read("decode.csv")
+    goal = "\n".join(summary(rows, t) for t in ("fp32", "bf16", "fp16")
+                     if any(r["dtype"] == t for r in rows))
+    return {os.path.join(root, "docs", "stage09.md"):
+            [("results:decode_goal", goal + "\n" + provenance(rows) if recorded else body)],
+            os.path.join(root, "README.md"):
             [("results:decode", body + (f"\n![{alt}]({plot})\n" if recorded else ""))],
             os.path.join(root, "stages", "09_split_kv", "README.md"):
             [("results:decode", body + (f"\n![{alt}](../../{plot})\n" if recorded else ""))]}
