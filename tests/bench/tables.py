@@ -1348,9 +1348,12 @@ def main():
                                                                if s.startswith(folder[:3])])),
                        ("results:split_q_profile", split_q_profile_body(split_q_profile))]
 
-    # Stage 08's docs page: the goal table beside the paper's description.
+    # The docs pages: stage 08's goal table beside the paper's description, and
+    # stage 07's backward against FlashAttention-2's beside Algorithm 2.
     edits[os.path.join(ROOT, "docs", "stage08.md")] = [
         ("results:goal", hopper_goal_block(rows08, peers))]
+    edits[os.path.join(ROOT, "docs", "backward.md")] = [
+        ("results:backward16_goal", backward16_summary(read("backward16.csv")))]
 
     # The course track's benchmark (course_bench.py) in its assignment page.
     from course_tables import course_edits
