@@ -101,6 +101,31 @@ void check_stage_on(const Stage& s, const Problem& p, std::uint64_t seed) {
   }
 }
 
+// A problem whose logits lie near 64 * 16 / sqrt(64) = 128, beyond fp32 exp's
+// range (~88.7): B = 1, H = 2, Nq = 37, Nk = 45, d = 64 in type t.
+Problem large_logit_problem(DType t) {
+  Problem p;
+  p.B = 1;
+  p.H = 2;
+  p.Nq = 37;
+  p.Nk = 45;
+  p.d = 64;
+  p.dtype = t;
+  return p;
+}
+
+// Random inputs with Q and K rows near 4, so that every logit of
+// large_logit_problem is near 128. The spread must survive rounding to the
+// type: bf16's spacing near 4 is 1/32, which would flatten fp32's 0.01 to
+// equal rows.
+flashstep::Inputs large_logit_inputs(const Problem& p, std::uint64_t seed) {
+  auto in = flashstep::random_inputs(p, seed);
+  const float spread = p.dtype == DType::kFp32 ? 0.01f : 0.25f;
+  for (float& x : in.Q) x = 4.0f + spread * x;
+  for (float& x : in.K) x = 4.0f + spread * x;
+  return in;
+}
+
 bool all_finite(const std::vector<float>& v) {
   for (float x : v) {
     if (!std::isfinite(x)) return false;
@@ -156,22 +181,10 @@ TEST_CASE("grouped-query heads: a stage without them is refused by the runner, i
 TEST_CASE("logits beyond fp32 exp's range (~88.7): only a stage that declares it fails") {
   for (const Stage* s : selected()) {
     for (DType t : s->dtypes) {
-      Problem p;
-      p.B = 1;
-      p.H = 2;
-      p.Nq = 37;
-      p.Nk = 45;
-      p.d = 64;
-      p.dtype = t;
+      const Problem p = large_logit_problem(t);
       CAPTURE(s->name);
       CAPTURE(p.describe());
-      auto in = flashstep::random_inputs(p, 77);
-      // Q and K rows near 4: logits near 64 * 16 / sqrt(64) = 128 > 88.7. The
-      // spread must survive rounding to the type: bf16's spacing near 4 is
-      // 1/32, which would flatten fp32's 0.01 to equal rows.
-      const float spread = t == DType::kFp32 ? 0.01f : 0.25f;
-      for (float& x : in.Q) x = 4.0f + spread * x;
-      for (float& x : in.K) x = 4.0f + spread * x;
+      const flashstep::Inputs in = large_logit_inputs(p, 77);
       const Outputs got = run_stage(*s, p, in);
       if (!s->known_failure.empty()) {
         // Stage 01 knowingly fails here: exp overflows and the rows become NaN.
@@ -379,20 +392,10 @@ TEST_CASE("more heads than a grid axis holds (B * H > 65535): every forward and 
 TEST_CASE("backward on logits beyond fp32 exp's range (~88.7) stays within the bound") {
   for (const Stage* s : with_backward()) {
     for (DType t : s->backward_dtypes) {
-      Problem p;
-      p.B = 1;
-      p.H = 2;
-      p.Nq = 37;
-      p.Nk = 45;
-      p.d = 64;
-      p.dtype = t;
+      const Problem p = large_logit_problem(t);
       CAPTURE(s->name);
       CAPTURE(p.describe());
-      auto in = flashstep::random_inputs(p, 78);
-      // Logits near 128, as in the forward's test (its spread, for the same reason).
-      const float spread = t == DType::kFp32 ? 0.01f : 0.25f;
-      for (float& x : in.Q) x = 4.0f + spread * x;
-      for (float& x : in.K) x = 4.0f + spread * x;
+      const flashstep::Inputs in = large_logit_inputs(p, 78);
       const auto dO = flashstep::random_output_grad(p, 79);
       check_gradients(p, in, dO, run_backward(*s, p, in, dO));
     }

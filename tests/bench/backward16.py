@@ -31,7 +31,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import HIDDEN, ITERS, LONG_N, TOKENS, gpu_facts, write_csv  # noqa: E402
+from sweep import (HIDDEN, ITERS, LONG_N, TOKENS, add_problem_args, gpu_facts,  # noqa: E402
+                   paper_problems, write_csv)
 from peers import INPUT_MEAN, L2_FLUSH_FACTOR, short, time_ms  # noqa: E402
 from backward import flashstep_backward, head0_reference  # noqa: E402
 
@@ -124,9 +125,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="CSV to write")
-    ap.add_argument("--N", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    add_problem_args(ap)
     ap.add_argument("--no-peers", action="store_true", help="our stages only (no PyTorch)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
@@ -152,8 +151,7 @@ def main():
         flush = torch.empty(L2_FLUSH_FACTOR * props.L2_cache_size, dtype=torch.uint8, device=device)
         gen = torch.Generator(device=device).manual_seed(args.seed)
 
-    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
-    problems = [(N, d, c) for d in args.d for c in causals for N in args.N]
+    problems = paper_problems(args)
     rows, failures, t_all = [], 0, time.time()
     for n_done, (N, d, causal) in enumerate(problems, 1):
         B, H = TOKENS // N, HIDDEN // d

@@ -103,13 +103,28 @@ def record_tool(label, tool, tool_args, out, commit):
     sys.exit(1 if bad or proc.returncode else 0)
 
 
+def add_problem_args(ap):
+    """--N, --d and --causal: the FlashAttention-2 paper's sweep (the defaults) or part of it."""
+    ap.add_argument("--N", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+
+
+def causal_modes(args):
+    """The causal values --causal asks for."""
+    return {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+
+
+def paper_problems(args):
+    """(N, d, causal) of the sweep add_problem_args's flags ask for, N innermost."""
+    return [(N, d, c) for d in args.d for c in causal_modes(args) for N in args.N]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="CSV to write")
-    ap.add_argument("--N", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    add_problem_args(ap)
     ap.add_argument("--stage", default="all", help="flashstep --stage selector")
     ap.add_argument("--dtype", choices=["fp32", "fp16", "bf16"],
                     help="run the selected stages that have this type in it (default: each "
@@ -125,11 +140,10 @@ def main():
     meta = gpu_facts()
     meta["date"] = datetime.date.today().isoformat()
     meta["commit"] = args.commit
-    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     if args.long:
-        problems = [(LONG_POINT["N"], d, c) for d in args.d for c in causals]
+        problems = [(LONG_POINT["N"], d, c) for d in args.d for c in causal_modes(args)]
     else:
-        problems = [(N, d, c) for d in args.d for c in causals for N in args.N]
+        problems = paper_problems(args)
 
     rows, failures = [], 0
     for k, (N, d, causal) in enumerate(problems, 1):
