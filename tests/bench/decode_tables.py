@@ -80,6 +80,76 @@ def summary(rows, dtype):
             f"{100 * max(long):.0f}% of the copy ceiling (the goal: 85%).\n")
 
 
+def figure(x):
+    """Two significant figures, without an exponent: 0.056, 2.3, 24, 120."""
+    return f"{float(f'{x:.2g}'):g}" if x < 100 else f"{x:.0f}"
+
+
+def span(values, unit=""):
+    """'lo–hi' (or one value when they round alike), each to two figures."""
+    lo, hi = figure(min(values)) + unit, figure(max(values)) + unit
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def findings(rows):
+    """stages/09_split_kv/README.md's <!-- results:decode_findings -->: what the sweep says,
+    every figure from decode.csv: the share of copy at Nk >= LONG_NK per K/V heads, Nq and
+    type; how often stage 09 beats the fastest SDPA backend; the split against one block;
+    and the one point that shows whether the bytes set the time (MQA, the longest Nk, in
+    both types)."""
+    dtypes = [t for t in ("fp32", "bf16", "fp16") if any(r["dtype"] == t for r in rows)]
+    cols = [(t, nq) for t in dtypes for nq in (1, 4)
+            if any(r["dtype"] == t and int(r["Nq"]) == nq for r in rows)]
+    out = [f"Share of the copy ceiling at Nk ≥ {LONG_NK:,} (09_split_kv, lowest–highest over B "
+           "and Nk):", "",
+           "| H_kv (G = 32/H_kv) | " + " | ".join(f"{t} Nq = {nq}" for t, nq in cols) + " |",
+           "| --- |" + " --- |" * len(cols)]
+    for h_kv in sorted({int(r["H_kv"]) for r in rows}, reverse=True):
+        cells = []
+        for t, nq in cols:
+            v = [100 * num(r["of copy"]) for r in rows if r["stage"] == SPLIT and r["dtype"] == t
+                 and int(r["Nq"]) == nq and int(r["H_kv"]) == h_kv and int(r["Nk"]) >= LONG_NK
+                 and num(r.get("of copy")) is not None]
+            cells.append(span(v, "%") if v else "–")
+        out.append(f"| {h_kv} (G = {32 // h_kv}) | " + " | ".join(cells) + " |")
+    out.append("")
+    points = sorted({point_key(r) for r in rows if r["stage"] == SPLIT})
+    for t in dtypes:
+        ratios = []
+        for key in points:
+            here = [r for r in rows if point_key(r) == key]
+            mine = next((r for r in here if r["stage"] == SPLIT and r["dtype"] == t), None)
+            peer = best_peer(here, t)
+            if mine and peer and num(mine["median ms"]):
+                ratios.append(num(peer["median ms"]) / num(mine["median ms"]))
+        if ratios:
+            out.append(f"- {t}: 09_split_kv is faster than the fastest {t} SDPA backend at "
+                       f"{sum(x > 1 for x in ratios)} of {len(ratios)} points "
+                       f"(its time ÷ stage 09's: {span(ratios, 'x')}).")
+    gains = []
+    for r in rows:
+        if r["stage"] != SPLIT or not num(r["median ms"]):
+            continue
+        one = next((o for o in rows if o["stage"] == ONE and o["dtype"] == r["dtype"]
+                    and point_key(o) == point_key(r) and num(o["median ms"])), None)
+        if one:
+            gains.append(num(one["median ms"]) / num(r["median ms"]))
+    if gains:
+        out.append(f"- Splitting the keys against one block per K/V head (09_one_block's time ÷ "
+                   f"09_split_kv's): {span(gains, 'x')}.")
+    mqa = [r for r in rows if r["stage"] == SPLIT and int(r["H_kv"]) == 1 and int(r["B"]) == 1
+           and int(r["Nq"]) == 1 and num(r["median ms"])]
+    if mqa:
+        nk = max(int(r["Nk"]) for r in mqa)
+        at = {r["dtype"]: r for r in mqa if int(r["Nk"]) == nk}
+        if len(at) > 1:
+            out.append(f"- Bytes against time, MQA (H_kv = 1), B = 1, Nq = 1, Nk = {nk:,}: "
+                       + ", ".join(f"{t} {num(r['median ms']):.3g} ms for "
+                                   f"{int(r['ideal bytes']) / 1e6:.0f} MB ({share(r)} of copy)"
+                                   for t, r in at.items()) + ".")
+    return "\n".join(out) + "\n\n" + provenance(rows)
+
+
 def script_provenance(rows, name, script, extra=""):
     """The line under a table: which CSV, written by which script, on which runs
     (GPU, driver, date, commit), then `extra`."""
@@ -120,4 +190,5 @@ def decode_edits(root, read):
             os.path.join(root, "README.md"):
             [("results:decode", body + (f"\n![{alt}]({plot})\n" if recorded else ""))],
             os.path.join(root, "stages", "09_split_kv", "README.md"):
-            [("results:decode", body + (f"\n![{alt}](../../{plot})\n" if recorded else ""))]}
+            [("results:decode", body + (f"\n![{alt}](../../{plot})\n" if recorded else "")),
+             ("results:decode_findings", findings(rows) if recorded else body)]}
