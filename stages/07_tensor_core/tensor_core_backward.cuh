@@ -230,6 +230,48 @@ __device__ inline void store_rows(Elem* dst, const float (&acc)[kTiles][4], int 
 // ---------------------------------------------------------------------------
 // Lines 5-20: dK_j, dV_j (and dQ by atomics).
 
+/// dQ_i's fp32 accumulator += one n8 tile of a warp's dQ product (rows row0 ..
+/// row0 + 15 of the Q block, columns col0 .. col0 + 7), by atomic adds.
+///
+/// The accumulator layout gives lane (g, t) the pairs (row g, columns 2t and
+/// 2t + 1) and (row g + 8, the same columns). Neighbouring lanes t and t ^ 1
+/// swap one pair (a shuffle) so that the even lane holds four consecutive
+/// columns of row g and the odd lane four of row g + 8: one 16-byte vector
+/// reduction each (red.global.add.v4.f32, sm_90), where four scalar atomics
+/// touched each 32-byte sector twice. The L2 then sees half the reduction
+/// sectors and a quarter of the reduction requests. Before sm_90, or when a
+/// row of dQ is not 16-byte aligned (d % 4 != 0), scalar atomics.
+__device__ inline void add_to_dq(float* dQh, const float (&acc)[4], int row0, int col0,
+                                 int rows_valid, int d) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+#if __CUDA_ARCH__ >= 900
+  if (d % 4 == 0) {
+    const bool odd = t % 2 == 1;
+    const float give0 = odd ? acc[0] : acc[2], give1 = odd ? acc[1] : acc[3];
+    const float got0 = __shfl_xor_sync(kFullWarpMask, give0, 1);
+    const float got1 = __shfl_xor_sync(kFullWarpMask, give1, 1);
+    const int row = row0 + g + (odd ? 8 : 0);
+    const int col = col0 + 2 * (t - t % 2);
+    const float4 v = odd ? make_float4(got0, got1, acc[2], acc[3])
+                         : make_float4(acc[0], acc[1], got0, got1);
+    if (row < rows_valid && col < d) {
+      atomicAdd(reinterpret_cast<float4*>(dQh + static_cast<std::int64_t>(row) * d + col), v);
+    }
+    return;
+  }
+#endif
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int row = row0 + g + 8 * (e / 2);
+    const int col = col0 + 2 * t + e % 2;
+    if (row < rows_valid && col < d) {
+      atomicAdd(dQh + static_cast<std::int64_t>(row) * d + col, acc[e]);
+    }
+  }
+}
+
+
 /// Starts the copies of Q block i's Qi, dOi into their buffers (cp.async)
 /// and loads its rows' L and D (plain loads: 2 Br floats). Rows past Nq get
 /// Q = dO = 0, L = +inf (P = 0) and D = 0.
@@ -264,7 +306,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int key_row0 = warp % kKeyGroups * kMmaM;      // this warp's 16 keys of Kj, Vj
-  const int col0 = warp / kKeyGroups * C::kWarpCols;   // its columns of dK_j, dV_j
+  const int col0 = C::kDSplit == 1 ? 0 : warp / kKeyGroups * C::kWarpCols;  // its columns of dK_j, dV_j
   const int key0 = j * kBc;
   const int keys_valid = min(kBc, p.Nk - key0);
   const int Tr = (p.Nq - 1) / kBr + 1;
@@ -368,8 +410,14 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
       // Warp w takes query rows 16 (w % 4) .. of dQ_i, at its columns.
       const int q_row0 = warp % kKeyGroups * kMmaM;
       float* dQh = p.dQ_accum + (bh * p.Nq + q0) * p.d;  // [Nq - q0, d]
-#pragma unroll 1
-      for (int chunk = col0; chunk < col0 + C::kWarpCols && chunk < p.d; chunk += kDQChunk) {
+      // The chunk loop is unrolled so that every column offset into Kj is a
+      // compile-time constant: with a runtime chunk, the lane's swizzle table
+      // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
+      // two local loads per fragment (ncu: 33 M local sectors at d = 64).
+#pragma unroll
+      for (int c = 0; c < C::kWarpCols / kDQChunk; ++c) {
+        const int chunk = col0 + c * kDQChunk;
+        if (chunk >= p.d) break;
         float acc[C::kChunkTiles][4];
 #pragma unroll
         for (int nt = 0; nt < C::kChunkTiles; ++nt) {
@@ -391,14 +439,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
         }
 #pragma unroll
         for (int nt = 0; nt < C::kChunkTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = q_row0 + g + 8 * (e / 2);
-            const int col = chunk + nt * kMmaN + 2 * t + e % 2;
-            if (row < p.Nq - q0 && col < p.d) {
-              atomicAdd(dQh + static_cast<std::int64_t>(row) * p.d + col, acc[nt][e]);
-            }
-          }
+          add_to_dq(dQh, acc[nt], q_row0, chunk + nt * kMmaN, p.Nq - q0, p.d);
         }
       }
     }
