@@ -7,7 +7,11 @@ no more than with H_kv = H. Per (d, causal), a table with each stage's time at
 H_kv = H and, for each grouped H_kv, the ratio time(H_kv) / time(H), then one
 line on the goal. A ratio above 1.0 by less than the measured spread is noise,
 not a cost: a grouped run counts as slower only when its p20 is above the
-H_kv = H run's p80 (its faster runs are slower than the other's slower ones).
+H_kv = H run's p80 (its faster runs are slower than the other's slower ones)
+and its median is more than RUN_TO_RUN above. The within-run spread misses the
+variation between separate runs of the same work (clocks, placement): on the
+H200 record, grouped runs that change nothing but the K/V head index came out
+between x0.988 and x1.015, on both sides of 1.
 A run whose check is not ok counts against the goal (the time of a wrong
 answer shows nothing)."""
 import os
@@ -19,8 +23,12 @@ NOT_RECORDED = ("_Prefill with grouped heads (gqa_prefill.csv): not recorded yet
                 "(tests/bench/gqa_prefill.py)._\n")
 CRITERION = ("Ratio: the median time at H_kv ÷ the median at H_kv = H, same stage, type and "
              "problem. Issue 15's goal is a ratio of at most 1.0; a grouped run counts as "
-             "*slower* only beyond the measured spread (its p20 above the H_kv = H run's p80), "
+             "*slower* only beyond the measured spread (its p20 above the H_kv = H run's p80) "
+             "and beyond the variation between runs (a ratio above ×1.02), "
              "and a check that is not ok counts against the goal")
+# Variation between separate runs of one kernel on one problem in one call (the
+# docstring): a grouped run within 2 % of H_kv = H is not counted slower.
+RUN_TO_RUN = 0.02
 MAX_LISTED = 4  # misses a goal line names before "and k more": the line stays one line
 
 
@@ -34,7 +42,7 @@ def verdict(mha, gqa):
     if not mha or not gqa or not num(mha["median ms"]) or not num(gqa["median ms"]):
         return None
     ratio = num(gqa["median ms"]) / num(mha["median ms"])
-    slower = num(gqa["p20 ms"]) > num(mha["p80 ms"])
+    slower = num(gqa["p20 ms"]) > num(mha["p80 ms"]) and ratio > 1.0 + RUN_TO_RUN
     return ratio, not slower and mha["check"] == "ok" and gqa["check"] == "ok"
 
 

@@ -156,7 +156,8 @@ def row(stage, dtype, n, h_kv, ms, spread=0.01, check="ok", d=64, causal=0):
 def synthetic(folder):
     """d = 64 only. Non-causal: a ratio under 1, one over 1 within the spread
     (met), one beyond it (not met), a failed check (not met) and a missing
-    point; causal: every grouped point met."""
+    point; causal: every grouped point met, one of them beyond the spread but
+    within the variation between runs (RUN_TO_RUN)."""
     rows = [row("04_fa2_q_outer", "fp32", 1024, 32, 1.0), row("04_fa2_q_outer", "fp32", 1024, 8, 0.98),
             row("04_fa2_q_outer", "fp32", 1024, 1, 1.005),
             row("04_fa2_q_outer", "fp32", 4096, 32, 4.0), row("04_fa2_q_outer", "fp32", 4096, 8, 4.0),
@@ -167,7 +168,7 @@ def synthetic(folder):
             row("07_tensor_core", "bf16", 4096, 32, 2.0), row("07_tensor_core", "bf16", 4096, 1, 1.9),
             row("04_fa2_q_outer", "fp32", 1024, 32, 0.6, causal=1),
             row("04_fa2_q_outer", "fp32", 1024, 8, 0.6, causal=1),
-            row("04_fa2_q_outer", "fp32", 1024, 1, 0.58, causal=1)]
+            row("04_fa2_q_outer", "fp32", 1024, 1, 0.608, spread=0.001, causal=1)]
     with open(os.path.join(folder, "gqa_prefill.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -208,6 +209,8 @@ def table_checks():
          "| 04_fa2_q_outer fp32 | 1,024 | 1 | ×0.98 | ×1.00 |" in body),
         ("one beyond the spread is marked slower",
          "| 04_fa2_q_outer fp32 | 4,096 | 4 | ×1.00 | ×1.10 *slower* |" in body),
+        ("beyond the spread but within the variation between runs is not slower",
+         "| 04_fa2_q_outer fp32 | 1,024 | 0.6 | ×1.00 | ×1.01 |" in body),
         ("a failed check is marked", "| 07_tensor_core bf16 | 1,024 | 0.5 | ×0.90 (FAIL) | ×0.80 |"
          in body),
         ("a missing point is a dash", "| 07_tensor_core bf16 | 4,096 | 2 | – | ×0.95 |" in body),
