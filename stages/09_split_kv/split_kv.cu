@@ -1,5 +1,6 @@
-// Stage 09: split-KV decoding (flash-decoding) on CUDA cores: Q, K, V and O
-// in fp32, fp16 or bf16, every sum in fp32.
+// Stage 09: split-KV decoding (flash-decoding): Q, K, V and O in fp32 (on the
+// CUDA cores, split_kernel) or fp16 and bf16 (on the tensor cores,
+// split_mma_kernel further down), every sum in fp32.
 //
 // What changed since stage 05 (and why a new stage): decoding asks for Nq = 1
 // to 16 queries against Nk = thousands to a million keys. Stage 05 spreads Q
@@ -20,7 +21,7 @@
 // are rows of the same block, so a K/V tile loaded into shared memory serves
 // all of them (K/V read once per group, not once per query head).
 //
-// Thread layout (256 threads, 8 warps), per K/V tile of 32 keys:
+// The fp32 kernel's thread layout (256 threads, 8 warps), per K/V tile of 32 keys:
 //   scores and softmax   warp w owns rows w, w + 8, w + 16, w + 24; lane j
 //                        computes the score of key j: the row max and sum are
 //                        one warp shuffle reduction each, m and l live in the
