@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
 // the rest zero) are two m16 tiles. M is small, so the warps split the keys
 // of each K/V tile, not the rows (split_kv_plan.h, kMmaWarps):
 //
-//   K/V tile of mma_tile_keys(kD) keys, 3 or 4 of them in flight by cp.async
+//   K/V tile of mma_tile_keys(kD) keys, mma_stages(kD) - 1 in flight by cp.async
 //   +---------+---------+---------+---------+
 //   | warp 0  | warp 1  | warp 2  | warp 3  |   d <= 128: 16 keys a warp,
 //   | keys    | keys    | keys    | keys    |   all 32 rows (2 m16 tiles)
