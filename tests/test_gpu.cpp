@@ -164,6 +164,34 @@ TEST_CASE("grouped-query heads (H / H_kv in 1, 4, 8, 32): the stages that run th
   }
 }
 
+TEST_CASE("stage 09: long decodes (many splits, many K/V tiles a split) in every type") {
+  // Nq = 1 and 4 against 9k to 40k keys: dozens of splits of hundreds to
+  // thousands of keys, so the K/V pipeline of each split kernel runs many
+  // tiles deep (the one-block entry: the whole sequence in one block); MQA
+  // with 32 query heads (a full 32-row tile), GQA, MHA; every d bucket.
+  struct Decode {
+    std::int64_t B, H, H_kv, Nq, Nk, d;
+    bool causal;
+  };
+  const Decode shapes[] = {{1, 32, 1, 1, 40000, 128, false}, {2, 8, 2, 4, 20011, 64, true},
+                           {1, 4, 4, 1, 9000, 256, false},   {1, 32, 1, 4, 12345, 128, true},
+                           {1, 8, 1, 3, 9999, 59, true}};
+  std::uint64_t seed = 6500;
+  for (const Stage* s : selected()) {
+    if (std::string_view(s->name).substr(0, 3) != "09_") continue;
+    for (DType t : s->dtypes) {
+      for (const Decode& sh : shapes) {
+        Problem p = flashstep::test::make_problem(sh.B, sh.H, sh.Nq, sh.Nk, sh.d, sh.causal);
+        p.H_kv = sh.H_kv;
+        p.dtype = t;
+        CAPTURE(s->name);
+        CAPTURE(p.describe());
+        check_stage_on(*s, p, seed++);
+      }
+    }
+  }
+}
+
 TEST_CASE("grouped-query heads: a stage without them is refused by the runner, in one line") {
   Problem p = flashstep::test::make_problem(1, 8, 4, 4, 16, false);
   p.H_kv = 2;

@@ -126,7 +126,11 @@ TEST_CASE("models count 2-byte Q, K, V and O in fp16 and bf16, and 4-byte L, S a
       CHECK(low.hbm_read_bytes < full.hbm_read_bytes);
       CHECK(low.hbm_write_bytes < full.hbm_write_bytes);
       CHECK(low.matmul_flops == full.matmul_flops);
-      CHECK(low.nonmatmul_flops == full.nonmatmul_flops);
+      // Stage 09 runs fp16 and bf16 on its tensor-core kernel, whose softmax
+      // bookkeeping (per warp key slice, the slices merged at the end of a
+      // split) is not the fp32 CUDA-core kernel's: test_split_kv.cpp checks
+      // its own count against its mirror.
+      if (s.name.rfind("09_", 0) != 0) CHECK(low.nonmatmul_flops == full.nonmatmul_flops);
       // The runner's allocation: Q, K, V and O halve, L does not.
       CHECK(flashstep::device_bytes_needed(s, p) - flashstep::device_bytes_needed(s, half) ==
             (2 * q + 2 * kv) * 2 + s.workspace_bytes(p) - s.workspace_bytes(half));

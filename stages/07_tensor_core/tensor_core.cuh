@@ -46,6 +46,7 @@
 #include <cstdint>
 
 #include "common/mma_sm80.cuh"
+#include "common/smem_tile_sm80.cuh"
 #include "common/problem.h"
 #include "common/reduce.cuh"
 #include "tensor_core_tiles.h"
@@ -53,6 +54,16 @@
 namespace flashstep::tensor_core {
 
 using sm80::kChunkElems;
+// The swizzled tiles and ldmatrix lane points (common/smem_tile_sm80.cuh).
+using sm80::a_point;
+using sm80::k_point;
+using sm80::kBlocksPerSpan;
+using sm80::kSwizzleSpan;
+using sm80::LaneOffsets;
+using sm80::LanePoint;
+using sm80::load_tile;
+using sm80::tile_offset;
+using sm80::v_point;
 
 /// Kernel arguments. Elem is __nv_bfloat16 or __half.
 template <typename Elem>
@@ -109,95 +120,6 @@ struct Config {
                 "the swizzle permutes 8 chunks of a row (of Qi, Kj, Vj and P~)");
 };
 
-// ---------------------------------------------------------------------------
-// Shared-memory layout.
-//
-// A tile is row-major, [rows][kCols] 16-bit elements, split into 16-byte
-// chunks of 8 elements. ldmatrix reads one chunk from each of 8 consecutive
-// rows at the same column. With rows of 128 bytes or more those 8 chunks all
-// start at the same bank (row stride is a multiple of 128 bytes = 32 banks):
-// an 8-way bank conflict. The swizzle stores chunk c of row r at chunk
-// position c ^ (r % 8), so those 8 chunks land in 8 different 16-byte bank
-// groups (CUTLASS calls this Swizzle<3, 3, 3>):
-//
-//   chunk position:   0   1   2   3   4   5   6   7
-//   row 0 holds       c0  c1  c2  c3  c4  c5  c6  c7
-//   row 1 holds       c1  c0  c3  c2  c5  c4  c7  c6
-//   row 2 holds       c2  c3  c0  c1  c6  c7  c4  c5
-//   ...
-//   row 7 holds       c7  c6  c5  c4  c3  c2  c1  c0
-//
-// Column c0 of rows 0..7 sits at positions 0, 1, ..., 7: all banks once.
-// Rows wider than 8 chunks repeat the pattern in each 128-byte half.
-
-/// Element offset of (row, col) in a [rows][kCols] tile.
-template <int kCols, bool kSwizzle>
-__device__ inline int tile_offset(int row, int col) {
-  if constexpr (kSwizzle) {
-    // chunk ^ (row % 8) changes only the chunk's low 3 bits. Written as the
-    // high bits plus the swizzled low bits, the compiler sees that the
-    // high bits (a compile-time constant in every fragment loop) only add
-    // to a handful of lane-dependent offsets, instead of keeping one
-    // address register per fragment for the whole kernel.
-    const int chunk = col / kChunkElems;
-    const int swizzled = (chunk & ~7) | ((chunk & 7) ^ (row & 7));
-    return row * kCols + swizzled * kChunkElems + col % kChunkElems;
-  } else {
-    return row * kCols + col;
-  }
-}
-
-/// Copies rows [0, rows_valid) x columns [0, d) of a row-major global array
-/// with d columns into a [kRows][kCols] tile, zero-filling the rest (rows past
-/// the sequence's end, columns past d).
-///
-/// Each thread copies one column of 16-byte chunks: chunk column
-/// tid % (chunks per row), rows tid / (chunks per row) + k * kRowsPerPass.
-/// Consecutive threads take consecutive chunks of a row (coalesced), and a
-/// thread's shared-memory offsets differ by whole multiples of 8 rows, where
-/// the swizzle repeats, so its k-th offset is its first plus a constant.
-///
-/// With `vec` (d a multiple of 8 and 16-byte aligned tensors, so every chunk
-/// is wholly inside or wholly outside): whole chunks, by cp.async (kAsync:
-/// the caller commits and waits) or through registers. Otherwise element by
-/// element.
-template <typename Elem, int kRows, int kCols, bool kSwizzle, bool kAsync, int kThreads>
-__device__ inline void load_tile(Elem* tile, const Elem* src, int rows_valid, int d, bool vec) {
-  constexpr int kChunksPerRow = kCols / kChunkElems;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0,
-                "the threads cover whole rows, and the tile whole passes");
-  const int row0 = threadIdx.x / kChunksPerRow;
-  const int col = threadIdx.x % kChunksPerRow * kChunkElems;
-  if (vec) {
-    // A compile-time trip count: fully unrolled with no exit test per chunk.
-#pragma unroll
-    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-      const int row = row0 + pass * kRowsPerPass;
-      Elem* dst = tile + tile_offset<kCols, kSwizzle>(row, col);
-      const bool inside = row < rows_valid && col < d;
-      const Elem* from = inside ? src + static_cast<std::int64_t>(row) * d + col : src;
-      if constexpr (kAsync) {
-        sm80::cp_async_16(dst, from, inside);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = inside ? *reinterpret_cast<const uint4*>(from) : uint4{};
-      }
-    }
-  } else {
-    // d not a multiple of 8 (rows not 16-byte aligned) or a misaligned
-    // tensor: element by element, zeros past d. Rolled: it is the slow path.
-#pragma unroll 1
-    for (int row = row0; row < kRows; row += kRowsPerPass) {
-      Elem* dst = tile + tile_offset<kCols, kSwizzle>(row, col);
-      const bool inside = row < rows_valid;
-      const Elem* from = src + static_cast<std::int64_t>(inside ? row : 0) * d;
-      for (int e = 0; e < kChunkElems; ++e) {
-        dst[e] = inside && col + e < d ? from[col + e] : static_cast<Elem>(0.0f);
-      }
-    }
-  }
-}
-
 /// Flips the sign of every element this thread copied into the tile with
 /// load_tile (the same chunks), once they have arrived: the caller has
 /// waited for its own cp.async groups, and a barrier afterwards shows the
@@ -243,64 +165,6 @@ __device__ inline void store_tile(Elem* dst, const Elem* tile, int rows_valid, i
     }
   }
 }
-
-// ---------------------------------------------------------------------------
-// Fragments from shared memory (the picture in common/mma_sm80.cuh).
-// lane = threadIdx.x % 32, g = lane / 4, t = lane % 4.
-//
-// ldmatrix.x4 reads a 16 x 16 block as four 8 x 8 matrices; each lane gives
-// the address of one 16-byte row of one of them. Where a lane points inside
-// the block depends on what the block becomes:
-//
-//   A (Qi, P~):     lanes 0-15 rows 0-15 of columns 0-7, lanes 16-31 of 8-15
-//                   -> a0 (rows 0-7, cols 0-7), a1 (8-15, 0-7), a2, a3
-//   B of Q K^T:     lanes 0-7 keys 0-7 cols 0-7, 8-15 keys 0-7 cols 8-15,
-//                   16-23 keys 8-15 cols 0-7, 24-31 keys 8-15 cols 8-15
-//                   -> b0, b1 of keys 0-7; b0, b1 of keys 8-15
-//   B of P V (.trans): lanes 0-7 keys 0-7 cols 0-7, 8-15 keys 8-15 cols 0-7,
-//                   16-23 keys 0-7 cols 8-15, 24-31 keys 8-15 cols 8-15
-//                   -> b0, b1 of columns 0-7; b0, b1 of columns 8-15
-
-/// Where a lane's ldmatrix row address points inside a 16 x 16 block.
-struct LanePoint {
-  int row;  ///< 0..15
-  int col;  ///< 0 or 8
-};
-__device__ inline LanePoint a_point(int lane) { return {lane % 16, lane / 16 * kChunkElems}; }
-__device__ inline LanePoint k_point(int lane) {
-  return {lane % 8 + lane / 16 * 8, lane / 8 % 2 * kChunkElems};
-}
-__device__ inline LanePoint v_point(int lane) {
-  return {lane % 8 + lane / 8 % 2 * 8, lane / 16 * kChunkElems};
-}
-
-/// Elements in 8 chunks: the span over which the swizzle repeats along a row.
-inline constexpr int kSwizzleSpan = 8 * kChunkElems;
-/// 16-column fragment blocks in one swizzle span.
-inline constexpr int kBlocksPerSpan = kSwizzleSpan / kMmaK;
-
-/// A lane's swizzled offsets for the 16 x 16 blocks of a [rows][kCols] tile.
-/// For a block at (row0, col0), row0 a multiple of 16 and col0 of 16, the
-/// swizzle (above) XORs the chunk with the row's low 3 bits, which row0 does
-/// not change, so the lane's offset is row0 * kCols + (col0 / 64) * 64, a
-/// compile-time constant in the unrolled loops, plus one of 4 numbers that
-/// depend on col0's place in its 64-column span. Computed once per kernel,
-/// those 4 numbers leave the fragment loops nothing but constants to add
-/// (left to itself, the compiler keeps one address per fragment, or
-/// recomputes the swizzle on every load).
-template <int kCols>
-struct LaneOffsets {
-  int at[kBlocksPerSpan];
-  __device__ explicit LaneOffsets(LanePoint point) {
-#pragma unroll
-    for (int b = 0; b < kBlocksPerSpan; ++b) {
-      at[b] = tile_offset<kCols, true>(point.row, b * kMmaK + point.col);
-    }
-  }
-  __device__ int operator()(int row0, int col0) const {
-    return row0 * kCols + col0 / kSwizzleSpan * kSwizzleSpan + at[col0 % kSwizzleSpan / kMmaK];
-  }
-};
 
 /// The 32-bit word holding elements (row, col) and (row, col + 1) of a tile.
 template <typename Elem, int kCols, bool kSwizzle>

@@ -1,5 +1,6 @@
-// Stage 09: split-KV decoding (flash-decoding) on CUDA cores: Q, K, V and O
-// in fp32, fp16 or bf16, every sum in fp32.
+// Stage 09: split-KV decoding (flash-decoding): Q, K, V and O in fp32 (on the
+// CUDA cores, split_kernel) or fp16 and bf16 (on the tensor cores,
+// split_mma_kernel further down), every sum in fp32.
 //
 // What changed since stage 05 (and why a new stage): decoding asks for Nq = 1
 // to 16 queries against Nk = thousands to a million keys. Stage 05 spreads Q
@@ -20,7 +21,7 @@
 // are rows of the same block, so a K/V tile loaded into shared memory serves
 // all of them (K/V read once per group, not once per query head).
 //
-// Thread layout (256 threads, 8 warps), per K/V tile of 32 keys:
+// The fp32 kernel's thread layout (256 threads, 8 warps), per K/V tile of 32 keys:
 //   scores and softmax   warp w owns rows w, w + 8, w + 16, w + 24; lane j
 //                        computes the score of key j: the row max and sum are
 //                        one warp shuffle reduction each, m and l live in the
@@ -36,12 +37,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "common/element.cuh"
 #include "common/error.h"
 #include "common/launch.cuh"
 #include "common/mma_sm80.cuh"
+#include "common/smem_tile_sm80.cuh"
 #include "common/partial_merge.h"
 #include "common/reduce.cuh"
 #include "split_kv.h"
@@ -313,6 +316,358 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
   }
 }
 
+// ---------------------------------------------------------------------------
+// The 16-bit split kernel on the tensor cores.
+//
+// The CUDA-core kernel above is bound by its instructions in 16 bits (it
+// widens every K and V element to fp32 and spends an FFMA on it): reading half
+// the bytes of fp32 it takes as long. Here S = Q K^T and O~ += P~ V are
+// mma.sync.m16n8k16 products (common/mma_sm80.cuh), as in stage 07's forward,
+// with the group's rows as M: the row tile's 32 rows (G Nq of them valid,
+// the rest zero) are two m16 tiles. M is small, so the warps split the keys
+// of each K/V tile, not the rows (split_kv_plan.h, kMmaWarps):
+//
+//   K/V tile of mma_tile_keys(kD) keys, mma_stages(kD) - 1 in flight by cp.async
+//   +---------+---------+---------+---------+
+//   | warp 0  | warp 1  | warp 2  | warp 3  |   d <= 128: 16 keys a warp,
+//   | keys    | keys    | keys    | keys    |   all 32 rows (2 m16 tiles)
+//   | 0..15   | 16..31  | 32..47  | 48..63  |
+//   +---------+---------+---------+---------+
+//   d = 256: warps 0, 1 take keys 0..15 (rows 0..15 and 16..31), warps 2, 3
+//   keys 16..31: a warp's O~ is then 16 x 256 fp32, 128 registers a lane.
+//
+// Each warp runs Algorithm 1 on its own slice: its own m, l and O~ for its
+// rows, over the keys k_lo + 16 (w / row groups) + tile_keys t + 0..15. At
+// the end of the split the warps' (m, l, O~) are partials over disjoint key
+// sets, merged through shared memory with the merge kernel's rule
+// (common/partial_merge.h): L_w = m_w + log l_w, O_w = O~_w / l_w, then
+// L = logsumexp_w L_w and O = sum_w exp(L_w - L) O_w. The block then writes
+// (O, L) as the CUDA-core kernel does: the partial of its split in fp32, or
+// with one split the answer. Scores are kept in log2 units (scale log2 e
+// folded into the scale, each exponential one MUFU.EX2).
+
+/// The 16-bit kernel's compile-time shape for the head-dimension bucket kD.
+template <int kD>
+struct MmaTiles {
+  static constexpr int kWarpMTiles = mma_warp_m_tiles(kD);  // m16 tiles a warp holds
+  static constexpr int kRowGroups = mma_row_groups(kD);     // warps sharing a key slice
+  static constexpr int kSlices = kMmaWarps / kRowGroups;    // key slices of a K/V tile
+  static constexpr int kTileKeys = mma_tile_keys(kD);
+  static constexpr int kStages = mma_stages(kD);
+  static constexpr int kThreads = kMmaWarps * kWarpSize;
+  static constexpr int kSTiles = kWarpKeys / sm80::kMmaN;   // n8 tiles of a warp's S row
+  static constexpr int kOTiles = kD / sm80::kMmaN;          // n8 tiles of a row of O~
+  static constexpr int kQKSteps = kD / sm80::kMmaK;         // k16 steps of Q K^T
+  // The merge's O_w rows in fp32, padded by 8 floats: a warp's 8 row groups
+  // g write float2s at columns 2t, and with 8 more words per row the 16 lanes
+  // of each half-warp store land in 32 different banks.
+  static constexpr int kMergeStride = kD + 8;
+
+  // Shared memory in bytes: Q (16-bit, swizzled), the K and V stages
+  // (swizzled), and each warp slice's L_w per row. At the end of the split the
+  // K/V stages are free and hold the warps' O_w for the merge.
+  static constexpr std::size_t kQ = 0;  // Elem Qs [kRows][kD]
+  static constexpr std::size_t kQBytes = sizeof(std::uint16_t) * kRows * kD;
+  static constexpr std::size_t kKVTileBytes = sizeof(std::uint16_t) * kTileKeys * kD;
+  static constexpr std::size_t kK = kQ + kQBytes;                      // Elem Ks [kStages][kTileKeys][kD]
+  static constexpr std::size_t kV = kK + kStages * kKVTileBytes;        // Elem Vs [kStages][kTileKeys][kD]
+  static constexpr std::size_t kLw = kV + kStages * kKVTileBytes;       // float [kSlices][kRows]
+  static constexpr std::size_t kW = kLw + sizeof(float) * kSlices * kRows;  // float [kSlices][kRows]: weights
+  static constexpr std::size_t kLrow = kW + sizeof(float) * kSlices * kRows;  // float [kRows]: merged L
+  static constexpr std::size_t kBytes = kLrow + sizeof(float) * kRows;
+  static constexpr std::size_t kO = kK;  // float Ow [kSlices][kRows][kMergeStride], over the K/V stages
+
+  static_assert(kRows == kRowGroups * kWarpMTiles * sm80::kMmaM, "the warps cover the row tile");
+  static_assert(kSTiles == 2, "one ldmatrix.x4 gives a slice's two n8 tiles of K");
+  static_assert(kWarpKeys == sm80::kMmaK, "a slice's P~ is one A fragment");
+  static_assert(kOTiles % 2 == 0, "one ldmatrix.x4.trans gives two n8 tiles of V");
+  static_assert(kD / sm80::kChunkElems >= 8, "the swizzle permutes 8 chunks of a row");
+  static_assert(sizeof(float) * kSlices * kRows * kMergeStride <= 2 * kStages * kKVTileBytes,
+                "the merge's O_w fit in the K/V stages");
+  static_assert(kK % 16 == 0 && kV % 16 == 0 && kLw % 16 == 0, "16-byte aligned arrays");
+};
+
+/// The split kernel for 16-bit Elem (__nv_bfloat16 or __half).
+template <int kD, typename Elem>
+__global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
+    split_mma_kernel(const Params<Elem> p) {
+  using T = MmaTiles<kD>;
+  using sm80::kMmaK;
+  using sm80::kMmaM;
+  using sm80::kMmaN;
+  extern __shared__ uint4 smem_chunks[];  // uint4: 16-byte alignment for cp.async and ldmatrix
+  char* smem = reinterpret_cast<char*>(smem_chunks);
+  Elem* Qs = reinterpret_cast<Elem*>(smem + T::kQ);   // [kRows][kD]
+  Elem* Ks = reinterpret_cast<Elem*>(smem + T::kK);   // [kStages][kTileKeys][kD]
+  Elem* Vs = reinterpret_cast<Elem*>(smem + T::kV);   // [kStages][kTileKeys][kD]
+  float* Ow = reinterpret_cast<float*>(smem + T::kO);  // [kSlices][kRows][kMergeStride], at the end
+  float* Lw = reinterpret_cast<float*>(smem + T::kLw);  // [kSlices][kRows]
+  float* Ww = reinterpret_cast<float*>(smem + T::kW);   // [kSlices][kRows]
+  float* Lrow = reinterpret_cast<float*>(smem + T::kLrow);  // [kRows]
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates (common/mma_sm80.cuh)
+  const int slice = warp / T::kRowGroups;
+  const int warp_row0 = warp % T::kRowGroups * T::kWarpMTiles * kMmaM;  // first row of the warp
+  const int slice_key0 = slice * kWarpKeys;  // first key of the warp's slice in a tile
+  const sm80::LaneOffsets<kD> q_at(sm80::a_point(lane)), k_at(sm80::k_point(lane)),
+      v_at(sm80::v_point(lane));
+  const std::int64_t units = p.row_tiles * p.splits;
+
+  for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
+    const std::int64_t b = kvh / p.H_kv;
+    const int nk = p.seqlens ? min(max(p.seqlens[b], 0), p.Nk) : p.Nk;
+    const Elem* K = p.K + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
+    const Elem* V = p.V + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
+    // The group's rows r = g Nq + i are consecutive rows of Q and O: its
+    // query heads are consecutive (query_head).
+    const std::int64_t row_base = query_head(kvh, 0, p.H, p.H_kv) * p.Nq;
+    for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+      const std::int64_t tile = u / p.splits;
+      const std::int64_t s = u % p.splits;
+      const std::int64_t r0 = tile * kRows;
+      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kRows), p.group_rows - r0));
+      const int k_lo = static_cast<int>(s * p.keys_per_split);
+      const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
+      const int tiles = k_hi > k_lo ? (k_hi - k_lo - 1) / T::kTileKeys + 1 : 0;
+      auto load_kv = [&](int tt) {  // K/V tile tt into its stage; keys past k_hi zero
+        const int kt = k_lo + tt * T::kTileKeys;
+        const int buf = tt % T::kStages;
+        sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(
+            Ks + buf * T::kTileKeys * kD, K + static_cast<std::int64_t>(kt) * p.d, k_hi - kt, p.d, p.vec);
+        sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(
+            Vs + buf * T::kTileKeys * kD, V + static_cast<std::int64_t>(kt) * p.d, k_hi - kt, p.d, p.vec);
+      };
+
+      __syncthreads();  // the previous unit is done with every shared array
+      // Q's rows (zero past `rows` and past d) travel with K/V tile 0 in the
+      // first cp.async group; kStages - 1 tiles start on their way.
+      sm80::load_tile<Elem, kRows, kD, true, true, T::kThreads>(
+          Qs, p.Q + (row_base + r0) * p.d, rows, p.d, p.vec);
+#pragma unroll
+      for (int tt = 0; tt < T::kStages - 1; ++tt) {
+        if (tt < tiles) load_kv(tt);
+        sm80::cp_async_commit();
+      }
+
+      // Keys each of the lane's rows (g and g + 8 of each m16 tile) sees in
+      // this split: [k_lo, end). Padding rows (past `rows`) get the whole
+      // split: their Q is zero, their scores finite, and they are never
+      // written, so they need no mask. `unmasked` is the fewest keys any
+      // valid row of the warp sees: tiles below it skip the mask.
+      int end[T::kWarpMTiles][2];
+      int unmasked = k_hi;
+#pragma unroll
+      for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp_row0 + mt * kMmaM + g + 8 * h;
+          end[mt][h] = r < rows ? static_cast<int>(min(static_cast<std::int64_t>(k_hi),
+                                                       visible_keys((r0 + r) % p.Nq, p.Nq, nk, p.causal)))
+                                : k_hi;
+          unmasked = min(unmasked, end[mt][h]);
+        }
+      }
+      unmasked = __reduce_min_sync(kFullWarpMask, unmasked);
+
+      // Algorithm 1's state for the warp's rows and key slice: O~ (fp32
+      // accumulator fragments), m (log2 units) and l (this lane's share of
+      // the row sum; the quad's four shares are added at the end).
+      float O[T::kWarpMTiles][T::kOTiles][4];
+      float m[T::kWarpMTiles][2], l[T::kWarpMTiles][2];
+#pragma unroll
+      for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+#pragma unroll
+        for (int ot = 0; ot < T::kOTiles; ++ot) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) O[mt][ot][e] = 0.0f;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          m[mt][h] = -INFINITY;
+          l[mt][h] = 0.0f;
+        }
+      }
+
+      for (int tt = 0; tt < tiles; ++tt) {
+        // Tile tt has arrived for this thread (at most kStages - 2 younger
+        // groups pending); the barrier shows every thread's copies, and says
+        // every warp is done with tile tt - 1, whose stage the copies of
+        // tile tt + kStages - 1 then overwrite.
+        sm80::cp_async_wait<T::kStages - 2>();
+        __syncthreads();
+        if (tt + T::kStages - 1 < tiles) load_kv(tt + T::kStages - 1);
+        sm80::cp_async_commit();
+        const int buf = tt % T::kStages;
+        const Elem* Kb = Ks + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
+        const Elem* Vb = Vs + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
+        const int kt = k_lo + tt * T::kTileKeys;  // the tile's first key
+
+        // S = Q K^T for the warp's rows and its 16 keys (line 8).
+        float S[T::kWarpMTiles][T::kSTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[mt][nt][e] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int ks = 0; ks < T::kQKSteps; ++ks) {
+          std::uint32_t kb[4];
+          sm80::ldmatrix_x4(kb, Kb + k_at(slice_key0, ks * kMmaK));
+          const std::uint32_t b_lo[2] = {kb[0], kb[1]}, b_hi[2] = {kb[2], kb[3]};
+#pragma unroll
+          for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+            std::uint32_t a[4];
+            sm80::ldmatrix_x4(a, Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
+            sm80::mma_m16n8k16<Elem>(S[mt][0], a, b_lo);
+            sm80::mma_m16n8k16<Elem>(S[mt][1], a, b_hi);
+          }
+        }
+        // Scaled scores in log2 units; keys a row may not see are -inf
+        // (set after the scale, so a zero or negative scale cannot turn them
+        // into NaN or +inf).
+        // Keys as offsets into the tile: kt + 63 itself may pass 2^31 - 1
+        // when Nk is near it.
+        const bool mask = unmasked - kt < slice_key0 + kWarpKeys;  // warp-uniform
+#pragma unroll
+        for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              S[mt][nt][e] *= p.scale_log2;
+              const int col = slice_key0 + nt * kMmaN + 2 * t4 + e % 2;
+              if (mask && col >= end[mt][e / 2] - kt) S[mt][nt][e] = -INFINITY;
+            }
+          }
+        }
+
+        // Lines 9-10 up to the product: m_new, P~ = 2^(s - m_new) in place
+        // of S, l and O~ rescaled by alpha = 2^(m - m_new). When no row max of
+        // the warp moved, the rescale of O~ (d multiplies a row) is skipped.
+        float alpha[T::kWarpMTiles][2];
+        bool moved = false;
+#pragma unroll
+        for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float mx = fmaxf(fmaxf(S[mt][0][2 * h], S[mt][0][2 * h + 1]),
+                             fmaxf(S[mt][1][2 * h], S[mt][1][2 * h + 1]));
+            // The row's other keys of the slice sit in the quad's other lanes.
+            mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, 2));
+            const float m_new = fmaxf(m[mt][h], mx);
+            // No key seen yet: subtract 0, so 2^(-inf - 0) = 0, not 2^(NaN).
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[mt][h] = sm80::fast_exp2(m[mt][h] - m_use);
+            moved = moved || m_new != m[mt][h];
+            m[mt][h] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+              for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                S[mt][nt][e] = sm80::fast_exp2(S[mt][nt][e] - m_use);
+                sum += S[mt][nt][e];
+              }
+            }
+            l[mt][h] = alpha[mt][h] * l[mt][h] + sum;
+          }
+        }
+        if (__any_sync(kFullWarpMask, moved)) {
+#pragma unroll
+          for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+#pragma unroll
+            for (int ot = 0; ot < T::kOTiles; ++ot) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) O[mt][ot][e] *= alpha[mt][e / 2];
+            }
+          }
+        }
+
+        // O~ += P~ V (line 10): the two n8 score tiles, rounded to Elem, are
+        // the A fragment of the slice's 16 keys (the register trick of
+        // common/mma_sm80.cuh); V's B fragments by ldmatrix.trans.
+        std::uint32_t pa[T::kWarpMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+          pa[mt][0] = sm80::pack2<Elem>(S[mt][0][0], S[mt][0][1]);
+          pa[mt][1] = sm80::pack2<Elem>(S[mt][0][2], S[mt][0][3]);
+          pa[mt][2] = sm80::pack2<Elem>(S[mt][1][0], S[mt][1][1]);
+          pa[mt][3] = sm80::pack2<Elem>(S[mt][1][2], S[mt][1][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < T::kOTiles / 2; ++np) {
+          std::uint32_t vb[4];
+          sm80::ldmatrix_x4_trans(vb, Vb + v_at(slice_key0, np * 2 * kMmaN));
+          const std::uint32_t b_lo[2] = {vb[0], vb[1]}, b_hi[2] = {vb[2], vb[3]};
+#pragma unroll
+          for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+            sm80::mma_m16n8k16<Elem>(O[mt][2 * np], pa[mt], b_lo);
+            sm80::mma_m16n8k16<Elem>(O[mt][2 * np + 1], pa[mt], b_hi);
+          }
+        }
+      }
+
+      // The warps' partials: L_w = (m + log2 l) ln 2 and O_w = O~ / l per
+      // row, into the K/V stages (every copy landed, every warp done).
+      sm80::cp_async_wait<0>();
+      __syncthreads();
+#pragma unroll
+      for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float sum = l[mt][h];
+          sum += __shfl_xor_sync(kFullWarpMask, sum, 1);
+          sum += __shfl_xor_sync(kFullWarpMask, sum, 2);
+          const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+          const int r = warp_row0 + mt * kMmaM + g + 8 * h;
+          float* o_row = Ow + (slice * kRows + r) * T::kMergeStride;
+#pragma unroll
+          for (int ot = 0; ot < T::kOTiles; ++ot) {
+            *reinterpret_cast<float2*>(o_row + ot * kMmaN + 2 * t4) =
+                make_float2(O[mt][ot][2 * h] * inv, O[mt][ot][2 * h + 1] * inv);
+          }
+          if (t4 == 0) Lw[slice * kRows + r] = sum == 0.0f ? -INFINITY : (m[mt][h] + log2f(sum)) * kLn2;
+        }
+      }
+      __syncthreads();
+      // The merge kernel's rule over the slices, per row: L, then each
+      // slice's weight exp(L_w - L).
+      if (tid < kRows) {
+        float L = -INFINITY;
+        for (int w = 0; w < T::kSlices; ++w) L = lse_merge(L, Lw[w * kRows + tid]);
+        for (int w = 0; w < T::kSlices; ++w) Ww[w * kRows + tid] = partial_weight(Lw[w * kRows + tid], L);
+        Lrow[tid] = L;
+      }
+      __syncthreads();
+      // O = sum_w weight_w O_w: the partial of this split (fp32) or, with one
+      // split, the answer (Elem). Consecutive threads, consecutive columns.
+      for (int e = tid; e < rows * kD; e += T::kThreads) {
+        const int r = e / kD, c = e % kD;
+        if (c >= p.d) continue;
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < T::kSlices; ++w) {
+          o += Ww[w * kRows + r] * Ow[(w * kRows + r) * T::kMergeStride + c];
+        }
+        const std::int64_t row = row_base + r0 + r;
+        if (p.splits == 1) p.O[row * p.d + c] = from_float<Elem>(o);
+        else p.O_part[((s * p.heads * p.Nq) + row) * p.d + c] = o;
+      }
+      if (tid < rows) {
+        const std::int64_t row = row_base + r0 + tid;
+        if (p.splits == 1) p.L[row] = Lrow[tid];
+        else p.L_part[s * p.heads * p.Nq + row] = Lrow[tid];
+      }
+    }
+  }
+}
+
 // One warp per row of O: L = logsumexp of the partials' L_s, then
 // O = sum_s exp(L_s - L) O_s, rounded to Elem once.
 template <typename Elem>
@@ -351,6 +706,25 @@ void launch_split(const Params<Elem>& prm, Stream stream) {
                    "stage 09 split_kernel", prm);
 }
 
+template <int kD, typename Elem>
+void launch_split_mma(const Params<Elem>& prm, Stream stream) {
+  const dim3 grid(static_cast<unsigned>(std::min(prm.row_tiles * prm.splits, kMaxGridX)),
+                  static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
+  launch_with_smem(split_mma_kernel<kD, Elem>, grid, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes,
+                   stream, "stage 09 split_mma_kernel", prm);
+}
+
+// fp32 on the CUDA cores (split_kernel), bf16 and fp16 on the tensor cores
+// (split_mma_kernel), for the head-dimension bucket kD.
+template <int kD, typename Elem>
+void launch_bucket(const Params<Elem>& prm, Stream stream) {
+  if constexpr (std::is_same_v<Elem, float>) {
+    launch_split<kD>(prm, stream);
+  } else {
+    launch_split_mma<kD>(prm, stream);
+  }
+}
+
 template <typename Elem>
 void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
             const std::int32_t* seqlens, Stream stream) {
@@ -378,9 +752,9 @@ void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
   prm.causal = p.causal;
   prm.vec = float4_ok(p, t);
   switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
-    case 64: launch_split<64>(prm, stream); break;
-    case 128: launch_split<128>(prm, stream); break;
-    default: launch_split<256>(prm, stream); break;
+    case 64: launch_bucket<64>(prm, stream); break;
+    case 128: launch_bucket<128>(prm, stream); break;
+    default: launch_bucket<256>(prm, stream); break;
   }
   if (plan.splits > 1) {
     const std::int64_t blocks = (p.heads() * p.Nq - 1) / kMergeRows + 1;

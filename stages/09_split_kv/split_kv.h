@@ -45,10 +45,12 @@ std::int64_t workspace_bytes_one_block(const Problem& p);
 /// and writes its partials (d + 1 fp32 per row), or O and L with one split;
 /// the merge reads every partial and writes O and L. Matmul FLOPs: 2 d per
 /// score computed (visible keys only) and 2 d per (row, key read) for P V.
-/// SRAM: the tiles the split kernel stages in shared memory (Q, K, V, P~ and
-/// the row statistics), written once, read once per multiply-add operand or
-/// use; non-matmul FLOPs: the online softmax, the final division and L, and
-/// the merge (split_kv_model.cpp lists them).
+/// SRAM: the tiles the split kernel stages in shared memory (fp32: Q, K, V,
+/// P~ and the row statistics, read once per multiply-add operand or use;
+/// fp16 and bf16: Q, K and V read as the warps load fragments, and the warp
+/// slices' partials merged at the end of a split); non-matmul FLOPs: the
+/// online softmax, the final division and L, and the merges
+/// (split_kv_model.cpp lists them).
 Cost model(const Problem& p);
 /// The same for the one-block contrast.
 Cost model_one_block(const Problem& p);

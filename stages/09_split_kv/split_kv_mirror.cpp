@@ -1,10 +1,13 @@
-// Stage 09 on the host: the split kernel's loops over (K/V head, row tile,
+// Stage 09 on the host: the split kernels' loops over (K/V head, row tile,
 // split) and K/V tiles, and the merge, in fp32 as the kernels compute (the
 // inputs already hold p.dtype's values; O is rounded to it where the kernels
 // store it, the partials stay fp32), counting as split_kv_model.cpp states:
 // the global-memory elements they move, the shared-memory elements the split
-// kernel stages and reads (Q fp32, K and V in p.dtype, P~, alpha, m and l
-// fp32), the FLOPs of S and P V, and every other operation one by one.
+// kernel stages and reads, the FLOPs of S and P V, and every other operation
+// one by one. fp32 walks the CUDA-core kernel (Q fp32, K and V, P~, alpha, m
+// and l in shared memory); fp16 and bf16 the tensor-core kernel (each warp's
+// key slice with its own m, l and O~, P~ rounded to p.dtype for P~ V, the
+// slices merged with the partial-merge rule at the end of the split).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -22,24 +25,225 @@ namespace {
 constexpr double kLog2e = 1.4426950408889634;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// One (K/V head, row tile, split) unit of work: the head's K and V, the
+// split's keys [k_lo, k_hi), the tile's rows (their place in Q and O, their
+// queries i), the sequence's keys nk, and whether the split writes a partial.
+struct Unit {
+  const float* K;  // [Nk, d] of this K/V head
+  const float* V;  // [Nk, d] of this K/V head
+  std::int64_t k_lo, k_hi, rows;
+  const std::vector<std::int64_t>& row_of;
+  const std::vector<std::int64_t>& query;
+  std::int64_t nk;
+  bool merge;
+};
+
+// One non-matmul FLOP: x, counted (common/cost.h).
+float op(Cost& c, float x) {
+  ++c.nonmatmul_flops;
+  return x;
+}
+
+// Keys row r of the unit may see: [k_lo, end).
+std::vector<std::int64_t> row_ends(const Problem& p, const Unit& u) {
+  std::vector<std::int64_t> end(static_cast<size_t>(u.rows));
+  for (std::int64_t r = 0; r < u.rows; ++r) {
+    end[r] = std::min(u.k_hi, visible_keys(u.query[r], p.Nq, u.nk, p.causal));
+  }
+  return end;
+}
+
+// The CUDA-core split kernel (fp32): 32-key tiles, a warp's rows each with
+// one score a lane, P~ V from P~ in shared memory.
+template <typename OutO, typename OutL>
+void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO out_O, OutL out_L,
+                    Cost& c) {
+  constexpr std::int64_t F = kFloatBytes;
+  const std::int64_t d = p.d, E = p.elem_bytes(), rows = u.rows;
+  const auto scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
+  const std::vector<std::int64_t> end = row_ends(p, u);
+  c.hbm_read_bytes += rows * d * E;  // the Q rows
+  c.sram_write_bytes += rows * d * F;  // ... staged in fp32
+  std::vector<float> m(static_cast<size_t>(rows), -INFINITY), l(static_cast<size_t>(rows), 0.0f);
+  std::vector<float> acc(static_cast<size_t>(rows * d), 0.0f);
+  for (std::int64_t kt = u.k_lo; kt < u.k_hi; kt += kBc) {
+    const std::int64_t keys = std::min<std::int64_t>(kBc, u.k_hi - kt);
+    c.hbm_read_bytes += 2 * keys * d * E;  // the K and V tiles
+    c.sram_write_bytes += 2 * keys * d * E;  // ... staged in p.dtype
+    // The tile's keys only: the kernel's lanes past them hold score
+    // -inf and P~ 0, which change no max, sum or product.
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* q = t.Q + u.row_of[r] * d;
+      float score[kBc];
+      float tile_max = -INFINITY;
+      for (std::int64_t j = 0; j < keys; ++j) {
+        score[j] = -INFINITY;
+        if (kt + j < end[r]) {
+          float dot = 0.0f;
+          for (std::int64_t e = 0; e < d; ++e) dot += q[e] * u.K[(kt + j) * d + e];
+          score[j] = op(c, dot * scale_log2);
+          c.matmul_flops += 2 * d;
+          c.sram_read_bytes += d * (F + E);  // a Q and a K element per multiply-add
+        }
+        tile_max = op(c, std::fmax(tile_max, score[j]));
+      }
+      const float m_new = op(c, std::fmax(m[r], tile_max));
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = op(c, std::exp2(op(c, m[r] - m_use)));
+      float p_ij[kBc];
+      float row_sum = 0.0f;
+      for (std::int64_t j = 0; j < keys; ++j) {
+        p_ij[j] = op(c, std::exp2(op(c, score[j] - m_use)));
+        row_sum = op(c, row_sum + p_ij[j]);
+      }
+      c.sram_write_bytes += (keys + 1) * F;  // P~ and alpha (one lane)
+      l[r] = op(c, op(c, l[r] * alpha) + row_sum);
+      m[r] = m_new;
+      for (std::int64_t e = 0; e < d; ++e) {
+        float o = op(c, acc[r * d + e] * alpha);
+        for (std::int64_t j = 0; j < keys; ++j) o += p_ij[j] * u.V[(kt + j) * d + e];
+        acc[r * d + e] = o;
+      }
+      c.matmul_flops += 2 * keys * d;
+      // alpha per element, then a P~ and a V element per multiply-add
+      c.sram_read_bytes += d * (F + keys * (F + E));
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* O = out_O(r);
+    // m and l through shared memory; l read once per element of O.
+    // The divisions and L's log2, add and multiply count even where
+    // l = 0 selects 0 and -inf (a select is not arithmetic).
+    c.sram_write_bytes += 2 * F;
+    c.sram_read_bytes += (d + 2) * F;
+    for (std::int64_t e = 0; e < d; ++e) {
+      const float o_div = op(c, acc[r * d + e] / l[r]);
+      const float o = l[r] == 0.0f ? 0.0f : o_div;
+      O[e] = u.merge ? o : round_to_dtype(p.dtype, o);  // partials stay fp32
+    }
+    const float lse = op(c, op(c, m[r] + op(c, std::log2(l[r]))) * kLn2);
+    out_L(r) = l[r] == 0.0f ? -INFINITY : lse;
+  }
+}
+
+// The tensor-core split kernel (fp16, bf16): K/V tiles of mma_tile_keys keys,
+// each cut into slices of kWarpKeys keys, one per warp (group); each slice
+// keeps its own m, l and O~ for the rows, and its P~ is rounded to p.dtype as
+// the A operand of P~ V (l sums the unrounded P~, as the kernel's registers
+// do). At the end the slices' (O_w, L_w) are merged with the partial-merge
+// rule through shared memory.
+template <typename OutO, typename OutL>
+void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO out_O,
+                      OutL out_L, Cost& c) {
+  constexpr std::int64_t F = kFloatBytes;
+  const int kD = head_dim_bucket(p.d);
+  const std::int64_t slices = kMmaWarps / mma_row_groups(kD);
+  const std::int64_t row_groups = mma_row_groups(kD);
+  const std::int64_t tile_keys = mma_tile_keys(kD);
+  const std::int64_t d = p.d, E = p.elem_bytes(), rows = u.rows;
+  const auto scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
+  const std::vector<std::int64_t> end = row_ends(p, u);
+  c.hbm_read_bytes += rows * d * E;    // the Q rows
+  c.sram_write_bytes += rows * d * E;  // ... staged in p.dtype
+  const auto n = static_cast<size_t>(slices * rows);
+  std::vector<float> m(n, -INFINITY), l(n, 0.0f), acc(n * static_cast<size_t>(d), 0.0f);
+  for (std::int64_t kt = u.k_lo; kt < u.k_hi; kt += tile_keys) {
+    const std::int64_t keys = std::min(tile_keys, u.k_hi - kt);
+    c.hbm_read_bytes += 2 * keys * d * E;    // the K and V tiles
+    c.sram_write_bytes += 2 * keys * d * E;  // ... staged in p.dtype
+    // Fragments: each slice's warps read all the rows of Q, and each key of
+    // K and V is read by the row groups' warps that share its slice.
+    c.sram_read_bytes += (slices * rows + 2 * row_groups * keys) * d * E;
+    for (std::int64_t w = 0; w < slices; ++w) {
+      const std::int64_t k0 = kt + w * kWarpKeys;
+      const std::int64_t wkeys = std::clamp<std::int64_t>(u.k_hi - k0, 0, kWarpKeys);
+      if (wkeys == 0) continue;  // a slice past the split's end: padding only
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t at = w * rows + r;
+        const float* q = t.Q + u.row_of[r] * d;
+        float score[kWarpKeys];
+        float tile_max = -INFINITY;
+        for (std::int64_t j = 0; j < wkeys; ++j) {
+          float dot = 0.0f;
+          if (k0 + j < end[r]) {
+            for (std::int64_t e = 0; e < d; ++e) dot += q[e] * u.K[(k0 + j) * d + e];
+            c.matmul_flops += 2 * d;
+          }
+          // Every score is scaled, then a key the row may not see is -inf.
+          score[j] = op(c, dot * scale_log2);
+          if (k0 + j >= end[r]) score[j] = -INFINITY;
+          tile_max = op(c, std::fmax(tile_max, score[j]));
+        }
+        const float m_new = op(c, std::fmax(m[at], tile_max));
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = op(c, std::exp2(op(c, m[at] - m_use)));
+        float p_ij[kWarpKeys];
+        float row_sum = 0.0f;
+        for (std::int64_t j = 0; j < wkeys; ++j) {
+          p_ij[j] = op(c, std::exp2(op(c, score[j] - m_use)));
+          row_sum = op(c, row_sum + p_ij[j]);
+        }
+        l[at] = op(c, op(c, l[at] * alpha) + row_sum);
+        m[at] = m_new;
+        for (std::int64_t e = 0; e < d; ++e) {
+          float o = op(c, acc[at * d + e] * alpha);
+          for (std::int64_t j = 0; j < wkeys; ++j) {
+            o += round_to_dtype(p.dtype, p_ij[j]) * u.V[(k0 + j) * d + e];
+          }
+          acc[at * d + e] = o;
+        }
+        c.matmul_flops += 2 * wkeys * d;
+      }
+    }
+  }
+  // Each slice's partial per row: 1/l, O_w = O~ / l, L_w = (m + log2 l) ln 2,
+  // into shared memory (counted even where l = 0 selects 0 and -inf).
+  std::vector<float> L_w(n);
+  for (std::int64_t at = 0; at < slices * rows; ++at) {
+    const float inv_div = op(c, 1.0f / l[at]);
+    const float inv = l[at] == 0.0f ? 0.0f : inv_div;
+    for (std::int64_t e = 0; e < d; ++e) acc[at * d + e] = op(c, acc[at * d + e] * inv);
+    const float lse = op(c, op(c, m[at] + op(c, std::log2(l[at]))) * kLn2);
+    L_w[at] = l[at] == 0.0f ? -INFINITY : lse;
+    c.sram_write_bytes += (d + 1) * F;
+  }
+  // The merge kernel's rule over the slices, per row.
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float L = -INFINITY;
+    std::vector<float> weight(static_cast<size_t>(slices));
+    for (std::int64_t w = 0; w < slices; ++w) {
+      L = lse_merge(L, L_w[w * rows + r]);
+      c.nonmatmul_flops += kLseMergeFlops;
+    }
+    for (std::int64_t w = 0; w < slices; ++w) {
+      weight[w] = partial_weight(L_w[w * rows + r], L);
+      c.nonmatmul_flops += kPartialWeightFlops;
+    }
+    c.sram_read_bytes += 2 * slices * F;         // L_w, for L and for the weights
+    c.sram_write_bytes += (slices + 1) * F;      // the weights and L
+    float* O = out_O(r);
+    for (std::int64_t e = 0; e < d; ++e) {
+      float o = 0.0f;
+      for (std::int64_t w = 0; w < slices; ++w) o = op(c, o + op(c, weight[w] * acc[(w * rows + r) * d + e]));
+      O[e] = u.merge ? o : round_to_dtype(p.dtype, o);  // partials stay fp32
+    }
+    c.sram_read_bytes += (2 * slices * d + 1) * F;  // a weight and an O_w element per term; L
+    out_L(r) = L;
+  }
+}
+
 Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, const Plan& plan) {
   validate(p);
   const std::int64_t d = p.d;
   const std::int64_t heads = p.heads();
   const std::int64_t rows_total = heads * p.Nq;
-  const auto scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
   const bool merge = plan.splits > 1;
   // The partials, as the workspace holds them: [splits, B*H, Nq, d] and [splits, B*H, Nq].
   std::vector<float> O_part(merge ? static_cast<size_t>(plan.splits * p.q_elems()) : 0);
   std::vector<float> L_part(merge ? static_cast<size_t>(plan.splits * rows_total) : 0);
   Cost c;
-  constexpr std::int64_t F = kFloatBytes;  // L, the partials, and Q, P~, alpha, m, l on chip
-  const std::int64_t E = p.elem_bytes();   // Q, K, V and O; K and V on chip
-  // One non-matmul FLOP: x, counted (common/cost.h).
-  auto op = [&c](float x) {
-    ++c.nonmatmul_flops;
-    return x;
-  };
+  constexpr std::int64_t F = kFloatBytes;  // L and the partials
+  const std::int64_t E = p.elem_bytes();   // O
 
   for (std::int64_t kvh = 0; kvh < p.B * p.kv_heads(); ++kvh) {
     const std::int64_t b = kvh / p.kv_heads();
@@ -59,72 +263,18 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
       for (std::int64_t s = 0; s < plan.splits; ++s) {
         const std::int64_t k_lo = s * plan.keys_per_split;
         const std::int64_t k_hi = std::min(k_lo + plan.keys_per_split, nk);
-        c.hbm_read_bytes += rows * d * E;  // the Q rows
-        c.sram_write_bytes += rows * d * F;  // ... staged in fp32
-        std::vector<float> m(static_cast<size_t>(rows), -INFINITY), l(static_cast<size_t>(rows), 0.0f);
-        std::vector<float> acc(static_cast<size_t>(rows * d), 0.0f);
-        std::vector<std::int64_t> end(static_cast<size_t>(rows));
-        for (std::int64_t r = 0; r < rows; ++r) {
-          end[r] = std::min(k_hi, visible_keys(query[r], p.Nq, nk, p.causal));
-        }
-        for (std::int64_t kt = k_lo; kt < k_hi; kt += kBc) {
-          const std::int64_t keys = std::min<std::int64_t>(kBc, k_hi - kt);
-          c.hbm_read_bytes += 2 * keys * d * E;  // the K and V tiles
-          c.sram_write_bytes += 2 * keys * d * E;  // ... staged in p.dtype
-          // The tile's keys only: the kernel's lanes past them hold score
-          // -inf and P~ 0, which change no max, sum or product.
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const float* q = t.Q + row_of[r] * d;
-            float score[kBc];
-            float tile_max = -INFINITY;
-            for (std::int64_t j = 0; j < keys; ++j) {
-              score[j] = -INFINITY;
-              if (kt + j < end[r]) {
-                float dot = 0.0f;
-                for (std::int64_t e = 0; e < d; ++e) dot += q[e] * K[(kt + j) * d + e];
-                score[j] = op(dot * scale_log2);
-                c.matmul_flops += 2 * d;
-                c.sram_read_bytes += d * (F + E);  // a Q and a K element per multiply-add
-              }
-              tile_max = op(std::fmax(tile_max, score[j]));
-            }
-            const float m_new = op(std::fmax(m[r], tile_max));
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            const float alpha = op(std::exp2(op(m[r] - m_use)));
-            float p_ij[kBc];
-            float row_sum = 0.0f;
-            for (std::int64_t j = 0; j < keys; ++j) {
-              p_ij[j] = op(std::exp2(op(score[j] - m_use)));
-              row_sum = op(row_sum + p_ij[j]);
-            }
-            c.sram_write_bytes += (keys + 1) * F;  // P~ and alpha (one lane)
-            l[r] = op(op(l[r] * alpha) + row_sum);
-            m[r] = m_new;
-            for (std::int64_t e = 0; e < d; ++e) {
-              float o = op(acc[r * d + e] * alpha);
-              for (std::int64_t j = 0; j < keys; ++j) o += p_ij[j] * V[(kt + j) * d + e];
-              acc[r * d + e] = o;
-            }
-            c.matmul_flops += 2 * keys * d;
-            // alpha per element, then a P~ and a V element per multiply-add
-            c.sram_read_bytes += d * (F + keys * (F + E));
-          }
-        }
-        for (std::int64_t r = 0; r < rows; ++r) {
-          float* O = merge ? O_part.data() + (s * rows_total + row_of[r]) * d : t.O + row_of[r] * d;
-          float& L = merge ? L_part[s * rows_total + row_of[r]] : t.L[row_of[r]];
-          // m and l through shared memory; l read once per element of O.
-          // The divisions and L's log2, add and multiply count even where
-          // l = 0 selects 0 and -inf (a select is not arithmetic).
-          c.sram_write_bytes += 2 * F;
-          c.sram_read_bytes += (d + 2) * F;
-          for (std::int64_t e = 0; e < d; ++e) {
-            const float o_div = op(acc[r * d + e] / l[r]);
-            const float o = l[r] == 0.0f ? 0.0f : o_div;
-            O[e] = merge ? o : round_to_dtype(p.dtype, o);  // partials stay fp32
-          }
-          const float lse = op(op(m[r] + op(std::log2(l[r]))) * kLn2);
-          L = l[r] == 0.0f ? -INFINITY : lse;
+        // Where the unit's rows go: the partial of split s, or O and L.
+        auto out_O = [&](std::int64_t r) {
+          return merge ? O_part.data() + (s * rows_total + row_of[r]) * d : t.O + row_of[r] * d;
+        };
+        auto out_L = [&](std::int64_t r) -> float& {
+          return merge ? L_part[s * rows_total + row_of[r]] : t.L[row_of[r]];
+        };
+        const Unit u{K, V, k_lo, k_hi, rows, row_of, query, nk, merge};
+        if (p.dtype == DType::kFp32) {
+          cuda_core_unit(p, t, u, out_O, out_L, c);
+        } else {
+          tensor_core_unit(p, t, u, out_O, out_L, c);
         }
         c.hbm_write_bytes += merge ? rows * (d + 1) * F : rows * (d * E + F);  // O_s, L_s or O, L
       }
@@ -143,7 +293,7 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
           // The weight again for every element, as the merge kernel's lanes do.
           const float w = partial_weight(L_part[s * rows_total + row], L);
           c.nonmatmul_flops += kPartialWeightFlops;
-          o = op(o + op(w * O_part[(s * rows_total + row) * d + e]));
+          o = op(c, o + op(c, w * O_part[(s * rows_total + row) * d + e]));
         }
         t.O[row * d + e] = round_to_dtype(p.dtype, o);
       }

@@ -8,6 +8,7 @@
 // - HBM: Q once per split, K and V once per (row tile, split), the partials
 //   (d + 1 fp32 per row and split) written and read back by the merge, O and
 //   L written once; with one split O and L straight from the split kernel.
+// fp32 runs on the CUDA-core split kernel:
 // - SRAM writes: the block's Q rows (R d, widened to fp32), each K/V tile
 //   (2 C d elements of p.dtype), per row and tile P~ (a float per key) and
 //   alpha (one), and per row at the end m and l (2 floats).
@@ -23,6 +24,24 @@
 //   L = (m + log2 l) ln 2 (3), counted even where l = 0 selects O = 0 and
 //   L = -inf. The merge: lse_merge per (row, split), and per (element,
 //   split) partial_weight, a multiply and an add (common/partial_merge.h).
+// fp16 and bf16 run on the tensor-core split kernel (split_kv.cu,
+// split_mma_kernel), with the same HBM traffic and matmul FLOPs and, with S
+// key slices per K/V tile of T keys (T = mma_tile_keys, S = its slices, RG
+// warps sharing a slice: split_kv_plan.h):
+// - SRAM writes: the block's Q rows (R d elements of p.dtype), each K/V tile
+//   (2 keys d), and at the end per row each slice's O_w and L_w (S (d + 1)
+//   floats), the S merge weights and L (S + 1).
+// - SRAM reads, as the warps load fragments: per visited K/V tile the rows
+//   of Q once per slice (S R d), every K and V element once per warp of its
+//   slice (RG each); at the end per row L_w twice (for L, then the weights:
+//   2 S), per element a weight and an O_w per slice (2 S d), and L once.
+// - Non-matmul FLOPs: per (row, key read) the scale (every score: masked ones
+//   are scaled and then set to -inf), max, subtract, exp2 and add to the row
+//   sum (5); per row and 16-key slice holding keys the max with m, alpha
+//   (subtract, exp2), l alpha + sum (2) and d rescales of O~; per row and
+//   slice at the end 1/l, d multiplies, L_w (log2, add, times ln 2); per row
+//   S lse_merge and S partial_weight, and per element a multiply and an add
+//   per slice. The merge kernel as for fp32.
 #include <algorithm>
 #include <cstdint>
 
@@ -40,6 +59,11 @@ constexpr std::int64_t kFlopsPerRowTile = 5;       // max with m, subtract, exp2
 constexpr std::int64_t kFlopsPerRowEnd = 3;        // log2, add, times ln 2 (besides d divisions)
 // The merge's per (element, split): w O_s, then the add (besides partial_weight).
 constexpr std::int64_t kMergeFlopsPerElem = 2;
+// The tensor-core kernel's: per (row, key read) the scale, max, subtract,
+// exp2 and add; per (row, slice) at the end 1/l, log2, add, times ln 2
+// (besides the d multiplies).
+constexpr std::int64_t kMmaFlopsPerKey = 5;
+constexpr std::int64_t kMmaFlopsPerRowEnd = 4;
 
 // Sum over x = x0 .. x0 + n - 1 of clamp(x, lo, hi) - lo (0 when hi <= lo):
 // the keys of [lo, hi) that rows seeing x keys each see, in closed form.
@@ -54,7 +78,7 @@ std::int64_t clamped_sum(std::int64_t x0, std::int64_t n, std::int64_t lo, std::
 
 // The counts of `plan` on p, by the split kernel's loops summed in closed form.
 Cost count(const Problem& p, const Plan& plan) {
-  constexpr std::int64_t F = kFloatBytes;  // L, the partials, and Q, P~, alpha, m, l on chip
+  constexpr std::int64_t F = kFloatBytes;  // L, the partials, and fp32 values on chip
   const std::int64_t E = p.elem_bytes();    // Q, K, V and O; K and V on chip
   const std::int64_t kv_heads = p.B * p.kv_heads();
   const std::int64_t rows_total = p.heads() * p.Nq;
@@ -84,13 +108,37 @@ Cost count(const Problem& p, const Plan& plan) {
   const std::int64_t row_kv_tiles = rows_total * ((p.Nk - 1) / kBc + 1);
   const std::int64_t row_ends = plan.splits * rows_total;  // (row, split)
   c.matmul_flops = 2 * p.d * (visible + key_rows);
-  c.sram_write_bytes = plan.splits * rows_total * p.d * F +            // Q
-                       kv_heads * plan.row_tiles * 2 * p.Nk * p.d * E +  // K and V
-                       key_rows * F + row_kv_tiles * F + row_ends * 2 * F;  // P~, alpha; m, l
-  c.sram_read_bytes = (visible + key_rows) * p.d * (F + E) +  // S and P~ V operands
-                      row_kv_tiles * p.d * F + row_ends * (p.d + 2) * F;  // alpha; l, then m, l
-  c.nonmatmul_flops = kFlopsPerVisibleScore * visible + kFlopsPerKey * key_rows +
-                      row_kv_tiles * (kFlopsPerRowTile + p.d) + row_ends * (p.d + kFlopsPerRowEnd);
+  if (p.dtype == DType::kFp32) {
+    c.sram_write_bytes = plan.splits * rows_total * p.d * F +            // Q
+                         kv_heads * plan.row_tiles * 2 * p.Nk * p.d * E +  // K and V
+                         key_rows * F + row_kv_tiles * F + row_ends * 2 * F;  // P~, alpha; m, l
+    c.sram_read_bytes = (visible + key_rows) * p.d * (F + E) +  // S and P~ V operands
+                        row_kv_tiles * p.d * F + row_ends * (p.d + 2) * F;  // alpha; l, then m, l
+    c.nonmatmul_flops = kFlopsPerVisibleScore * visible + kFlopsPerKey * key_rows +
+                        row_kv_tiles * (kFlopsPerRowTile + p.d) + row_ends * (p.d + kFlopsPerRowEnd);
+  } else {
+    const int kD = head_dim_bucket(p.d);
+    const std::int64_t S = kMmaWarps / mma_row_groups(kD), RG = mma_row_groups(kD);
+    const std::int64_t T = mma_tile_keys(kD);
+    std::int64_t tiles = 0;  // K/V tiles a (K/V head, row tile) visits over its splits
+    for (std::int64_t s = 0; s < plan.splits; ++s) {
+      const std::int64_t k_lo = s * plan.keys_per_split;
+      tiles += (std::min(k_lo + plan.keys_per_split, p.Nk) - k_lo - 1) / T + 1;
+    }
+    // (row, 16-key slice): keys_per_split is a multiple of kWarpKeys, so the
+    // splits' slices together are the ceil(Nk / kWarpKeys) of the sequence.
+    const std::int64_t row_slices = rows_total * ((p.Nk - 1) / kWarpKeys + 1);
+    c.sram_write_bytes = plan.splits * rows_total * p.d * E +              // Q
+                         kv_heads * plan.row_tiles * 2 * p.Nk * p.d * E +  // K and V
+                         row_ends * (S * (p.d + 1) + S + 1) * F;          // O_w, L_w; weights, L
+    c.sram_read_bytes = S * rows_total * p.d * E * tiles +                     // Q fragments
+                        kv_heads * plan.row_tiles * 2 * RG * p.Nk * p.d * E +  // K, V fragments
+                        row_ends * (2 * S + 2 * S * p.d + 1) * F;              // the slices' merge
+    c.nonmatmul_flops = kMmaFlopsPerKey * key_rows + row_slices * (kFlopsPerRowTile + p.d) +
+                        row_ends * S * (p.d + kMmaFlopsPerRowEnd) +
+                        row_ends * S * (kLseMergeFlops + kPartialWeightFlops) +
+                        row_ends * p.d * S * kMergeFlopsPerElem;
+  }
   if (plan.splits > 1) {  // the merge: every partial read, O and L written
     c.hbm_read_bytes += plan.splits * rows_total * (p.d + 1) * F;
     c.hbm_write_bytes += rows_total * (p.d * E + F);

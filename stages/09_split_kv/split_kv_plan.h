@@ -42,6 +42,38 @@ inline constexpr int kMergeRows = 4;
 /// Threads of the merge kernel.
 inline constexpr int kMergeThreads = kMergeRows * 32;
 
+/// The 16-bit (bf16, fp16) split kernel runs on the tensor cores
+/// (split_kv_mma.cuh) with the same plan: the same row tiles of kRows rows,
+/// the same splits, the same partials. Its own tiles follow.
+///
+/// Warps of the 16-bit kernel. The rows are few (M = kRows = 32 at most, two
+/// m16 tiles of mma.m16n8k16), so the warps split the keys instead of the
+/// rows: each takes its own slice of every K/V tile (a split-K inside the
+/// block), and their (m, l, O~) are merged at the end of the split. 4 warps
+/// keep up to 2 blocks on an SM (below) and still leave each warp its
+/// 255 registers.
+inline constexpr int kMmaWarps = 4;
+/// Keys of one warp's slice of a K/V tile: the k depth of one P~ V product
+/// (mma.m16n8k16's k = 16), and two n8 tiles of S = Q K^T.
+inline constexpr int kWarpKeys = 16;
+/// m16 tiles of rows one warp holds, for the head-dimension bucket kD: both
+/// of the row tile's (32 rows) up to d = 128, where a warp's O~ is 2 x 16 x
+/// 128 fp32 = 128 registers a lane; at d = 256 that would be 256, more than
+/// a thread has, so one, and two warps share each key slice.
+constexpr int mma_warp_m_tiles(int kD) { return kD <= 128 ? 2 : 1; }
+/// Warps that share one key slice (each with its own m16 tiles).
+constexpr int mma_row_groups(int kD) { return 2 / mma_warp_m_tiles(kD); }
+/// Keys of one K/V tile of the 16-bit kernel: one slice per warp group.
+constexpr int mma_tile_keys(int kD) { return kMmaWarps / mma_row_groups(kD) * kWarpKeys; }
+/// K/V tiles of the 16-bit kernel in shared memory at once. Decoding is
+/// HBM-bound, so the tiles are there to keep bytes in flight: by Little's law
+/// an SM's share of an H100's ~3.3 TB/s at ~1 us of latency is ~25 KB. A
+/// tile is 32 KiB (64 keys of K and V at d = 128, 32 keys at d = 256), so 3
+/// stages keep 2 tiles (64 KiB) in flight per block in 96 KiB, and two blocks
+/// fit an SM's 228 KiB; at d = 64 (16 KiB tiles) 4 stages keep 48 KiB in
+/// flight in 64 KiB.
+constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : 3; }
+
 /// Blocks to aim for per SM (the split rule, make_plan below): more than fit
 /// at once (two at d = 128 in fp32: 128 registers a thread, 87 KiB of shared
 /// memory a block), so that blocks that finish early are replaced and the
