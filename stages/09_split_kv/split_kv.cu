@@ -670,21 +670,63 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
 
 // One warp per row of O: L = logsumexp of the partials' L_s, then
 // O = sum_s exp(L_s - L) O_s, rounded to Elem once.
-template <typename Elem>
+//
+// The splits are the loop, and each lane keeps its columns c = lane + 32 k
+// of O in registers: a split's O_s row is then one coalesced read, the reads
+// of several splits are independent (the loop is unrolled so that they are
+// in flight together), and the weight exp(L_s - L) is computed once per
+// split. With the columns outermost, every lane walked the splits once per
+// column, one dependent load after another: with 32 rows (MQA, one
+// sequence) and 128 splits the merge took most of the decode.
+// partial_weight(-inf, L) = 0 also when L = -inf (no split saw a key).
+template <int kD, typename Elem>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem> p) {
+  static_assert(kMergeLanes == kWarpSize, "the plan's merge lanes are a warp");
+  constexpr int kCols = kD / kWarpSize;  // columns of O per lane
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const std::int64_t rows = p.heads * p.Nq;
   for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kMergeRows) + warp; row < rows;
        row += static_cast<std::int64_t>(gridDim.x) * kMergeRows) {
+    const float* Ls = p.L_part + row;  // [splits], stride rows
+    // L: each lane merges every 32nd split, then the lanes merge theirs in a
+    // butterfly (the merge is associative: partial_merge.h), so no lane waits
+    // on one L_s load after another.
     float L = -INFINITY;
-    for (std::int64_t s = 0; s < p.splits; ++s) L = lse_merge(L, p.L_part[s * rows + row]);
-    for (int c = lane; c < p.d; c += kWarpSize) {
-      float o = 0.0f;
-      for (std::int64_t s = 0; s < p.splits; ++s) {
-        o += partial_weight(p.L_part[s * rows + row], L) * p.O_part[(s * rows + row) * p.d + c];
+    for (std::int64_t s = lane; s < p.splits; s += kWarpSize) L = lse_merge(L, Ls[s * rows]);
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      L = lse_merge(L, __shfl_xor_sync(kFullWarpMask, L, offset));
+    }
+    float o[kCols];
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) o[k] = 0.0f;
+    // kMergeSplits splits at a time: all their reads first, then the sums,
+    // so that the reads are in flight together.
+    for (std::int64_t s0 = 0; s0 < p.splits; s0 += kMergeSplits) {
+      float Lu[kMergeSplits], Ou[kMergeSplits][kCols];
+#pragma unroll
+      for (int u = 0; u < kMergeSplits; ++u) {
+        const std::int64_t s = s0 + u;
+        const float* Os = p.O_part + (s * rows + row) * p.d;  // [d]: split s's O_s of this row
+        Lu[u] = s < p.splits ? Ls[s * rows] : -INFINITY;    // weight 0 past the last split
+#pragma unroll
+        for (int k = 0; k < kCols; ++k) {
+          const int c = lane + k * kWarpSize;
+          Ou[u][k] = s < p.splits && c < p.d ? Os[c] : 0.0f;
+        }
       }
-      p.O[row * p.d + c] = from_float<Elem>(o);
+#pragma unroll
+      for (int u = 0; u < kMergeSplits; ++u) {
+        const float w = partial_weight(Lu[u], L);
+#pragma unroll
+        for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) {
+      const int c = lane + k * kWarpSize;
+      if (c < p.d) p.O[row * p.d + c] = from_float<Elem>(o[k]);
     }
     if (lane == 0) p.L[row] = L;
   }
@@ -712,6 +754,14 @@ void launch_split_mma(const Params<Elem>& prm, Stream stream) {
                   static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
   launch_with_smem(split_mma_kernel<kD, Elem>, grid, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes,
                    stream, "stage 09 split_mma_kernel", prm);
+}
+
+template <int kD, typename Elem>
+void launch_merge(const Params<Elem>& prm, Stream stream) {
+  const std::int64_t blocks = (prm.heads * prm.Nq - 1) / kMergeRows + 1;
+  merge_kernel<kD, Elem><<<static_cast<unsigned>(std::min(blocks, kMaxGridX)), kMergeThreads, 0,
+                           stream>>>(prm);
+  check_launch("stage 09 merge_kernel");
 }
 
 // fp32 on the CUDA cores (split_kernel), bf16 and fp16 on the tensor cores
@@ -757,10 +807,11 @@ void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
     default: launch_bucket<256>(prm, stream); break;
   }
   if (plan.splits > 1) {
-    const std::int64_t blocks = (p.heads() * p.Nq - 1) / kMergeRows + 1;
-    merge_kernel<Elem><<<static_cast<unsigned>(std::min(blocks, kMaxGridX)), kMergeThreads, 0,
-                         stream>>>(prm);
-    check_launch("stage 09 merge_kernel");
+    switch (head_dim_bucket(p.d)) {
+      case 64: launch_merge<64>(prm, stream); break;
+      case 128: launch_merge<128>(prm, stream); break;
+      default: launch_merge<256>(prm, stream); break;
+    }
   }
 }
 

@@ -282,18 +282,33 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
   }
   if (merge) {
     for (std::int64_t row = 0; row < rows_total; ++row) {
-      float L = -INFINITY;
+      // L as the merge kernel's warp finds it: lane l merges splits l, l + 32,
+      // ..., then the lanes merge theirs in a butterfly (lse_merge is
+      // symmetric, so every lane ends with the same L).
+      float lane_L[kMergeLanes];
+      for (int l = 0; l < kMergeLanes; ++l) {
+        lane_L[l] = -INFINITY;
+        for (std::int64_t s = l; s < plan.splits; s += kMergeLanes) {
+          lane_L[l] = lse_merge(lane_L[l], L_part[s * rows_total + row]);
+          c.nonmatmul_flops += kLseMergeFlops;
+        }
+      }
+      for (int offset = kMergeLanes / 2; offset > 0; offset /= 2) {
+        float next[kMergeLanes];
+        for (int l = 0; l < kMergeLanes; ++l) next[l] = lse_merge(lane_L[l], lane_L[l ^ offset]);
+        std::copy(next, next + kMergeLanes, lane_L);
+        c.nonmatmul_flops += offset * kLseMergeFlops;  // distinct merges: pairs agree
+      }
+      const float L = lane_L[0];
+      std::vector<float> w(static_cast<size_t>(plan.splits));  // each split's weight, once
       for (std::int64_t s = 0; s < plan.splits; ++s) {
-        L = lse_merge(L, L_part[s * rows_total + row]);
-        c.nonmatmul_flops += kLseMergeFlops;
+        w[s] = partial_weight(L_part[s * rows_total + row], L);
+        c.nonmatmul_flops += kPartialWeightFlops;
       }
       for (std::int64_t e = 0; e < d; ++e) {
         float o = 0.0f;
         for (std::int64_t s = 0; s < plan.splits; ++s) {
-          // The weight again for every element, as the merge kernel's lanes do.
-          const float w = partial_weight(L_part[s * rows_total + row], L);
-          c.nonmatmul_flops += kPartialWeightFlops;
-          o = op(c, o + op(c, w * O_part[(s * rows_total + row) * d + e]));
+          o = op(c, o + op(c, w[s] * O_part[(s * rows_total + row) * d + e]));
         }
         t.O[row * d + e] = round_to_dtype(p.dtype, o);
       }

@@ -22,8 +22,9 @@
 //   read); per row and tile the max with m, alpha (subtract, exp2), l alpha +
 //   sum (2) and d rescales of O~; per row at the end d divisions and
 //   L = (m + log2 l) ln 2 (3), counted even where l = 0 selects O = 0 and
-//   L = -inf. The merge: lse_merge per (row, split), and per (element,
-//   split) partial_weight, a multiply and an add (common/partial_merge.h).
+//   L = -inf. The merge: lse_merge and partial_weight per (row, split),
+//   kMergeLanes - 1 more lse_merge per row (the lanes' butterfly), and per
+//   (element, split) a multiply and an add (common/partial_merge.h).
 // fp16 and bf16 run on the tensor-core split kernel (split_kv.cu,
 // split_mma_kernel), with the same HBM traffic and matmul FLOPs and, with S
 // key slices per K/V tile of T keys (T = mma_tile_keys, S = its slices, RG
@@ -142,8 +143,9 @@ Cost count(const Problem& p, const Plan& plan) {
   if (plan.splits > 1) {  // the merge: every partial read, O and L written
     c.hbm_read_bytes += plan.splits * rows_total * (p.d + 1) * F;
     c.hbm_write_bytes += rows_total * (p.d * E + F);
-    c.nonmatmul_flops += row_ends * (kLseMergeFlops +
-                                     p.d * (kPartialWeightFlops + kMergeFlopsPerElem));
+    c.nonmatmul_flops += row_ends * (kLseMergeFlops + kPartialWeightFlops +
+                                     p.d * kMergeFlopsPerElem) +
+                         rows_total * (kMergeLanes - 1) * kLseMergeFlops;  // the lanes' butterfly
   }
   c.thread_blocks = thread_blocks(p, plan);
   return c;

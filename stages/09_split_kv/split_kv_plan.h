@@ -41,6 +41,15 @@ inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMergeRows = 4;
 /// Threads of the merge kernel.
 inline constexpr int kMergeThreads = kMergeRows * 32;
+/// Lanes of the merge kernel's warp (the warp size): for a row's L, lane l
+/// merges splits l, l + kMergeLanes, ..., then the lanes merge theirs in a
+/// butterfly, kMergeLanes - 1 more merges in all.
+inline constexpr int kMergeLanes = 32;
+/// Splits the merge kernel reads before it sums them: eight rows of O_s (d
+/// floats each) in flight at once per warp, to cover the reads' latency with
+/// few warps (MQA on one sequence has 32 rows: 32 warps on the whole GPU). At
+/// d = 256 that is 64 registers of a lane.
+inline constexpr int kMergeSplits = 8;
 
 /// The 16-bit (bf16, fp16) split kernel runs on the tensor cores
 /// (split_kv_mma.cuh) with the same plan: the same row tiles of kRows rows,
