@@ -78,18 +78,21 @@
 #   bash tests/bench/run_all.sh /tmp/e build backward                      # see its log
 #   bash tests/bench/run_all.sh /tmp/g build backward16                    # not timed yet
 #   bash tests/bench/run_all.sh /tmp/f build causal splitq                 # ~6 min
-#   DECODE_ARGS="--Nq 1 --dtype fp32" bash tests/bench/run_all.sh /tmp/h build decode  # not yet
-#   (then --Nq 1 --dtype bf16, --Nq 4 --dtype fp32, --Nq 4 --dtype bf16: each adds its rows)  # timed
+#   DECODE_ARGS="--Nq 1 --dtype bf16" bash tests/bench/run_all.sh /tmp/h build decode  # ~5 min
+#   (then --Nq 4 --dtype bf16; --dtype fp32 --Nq 1 (or 4) with --H-kv 1, then 8 32: ~1-2 min
+#   each; each adds its rows)
 #   SWEEP_ARGS="--d 64" bash tests/bench/run_all.sh /tmp/i build sweep08   # not timed yet
 #   (then SWEEP_ARGS="--d 128"; each adds its rows to forward08.csv), then build ablation08
-#   bash tests/bench/run_all.sh /tmp/j build gqa tables    # ~3-4 min (estimate: 04-06 from forward.csv, 09 guessed)
-#   bash tests/bench/run_all.sh /tmp/k build ablation16                    # ~3-5 min, estimate
+#   bash tests/bench/run_all.sh /tmp/j build gqa tables    # ~4 min
+#   bash tests/bench/run_all.sh /tmp/k build ablation16                    # ~1 min
 # then tables and plots (no GPU needed: here, after unpacking the results).
 # When only stage 07 changed: /tmp/b, then `build peers ceilings ablation`
 # (~5 min; peers and ceilings rerun their fp32 rows too, in the same run).
 #
 # Environment: CUDA_ARCHITECTURES (90), BUILD_DIR (build), PYTHON (python3),
-# FLASHSTEP_COMMIT (default: git rev-parse HEAD; the scripts record it),
+# FLASHSTEP_COMMIT (default: git rev-parse HEAD; the scripts record it; on a lent
+#   device, whose copy of the repository can carry the HEAD of an older call, pass
+#   the commit from your own checkout: FLASHSTEP_COMMIT=<git rev-parse HEAD here>),
 # SWEEP_ARGS (extra flags for sweep.py, both sweep steps, and peers.py, e.g. "--N 1024 --d 64"),
 # TRAFFIC_ARGS (extra flags for traffic.py, e.g. "--N 8192 --d 64"),
 # TILES_ARGS (flags for flashstep_tile_sweep, e.g. "--d 128 --N 4096"),
