@@ -153,10 +153,18 @@ def findings(rows):
 def script_provenance(rows, name, script, extra=""):
     """The line under a table: which CSV, written by which script, on which runs
     (GPU, driver, date, commit), then `extra`."""
-    runs = sorted({(r.get("gpu") or "GPU not recorded", r["driver"], r["date"], r["commit"][:10])
-                   for r in rows})
+    dates = {}  # (GPU, driver, commit) -> the dates of its rows: a run may pass midnight
+    for r in rows:
+        key = (r.get("gpu") or "GPU not recorded", r["driver"], r["commit"][:10])
+        dates.setdefault(key, set()).add(r["date"])
+
+    def when(days):
+        first, last = min(days), max(days)
+        return first if first == last else f"{first} to {last}"
+    runs = sorted(dates.items(), key=lambda kv: (min(kv[1]), kv[0]))
     return (f"_Recorded in `docs/results/{name}` ({script}): "
-            + "; ".join(f"{g}, driver {dr}, {da}, commit `{c}`" for g, dr, da, c in runs)
+            + "; ".join(f"{g}, driver {dr}, {when(days)}, commit `{c}`"
+                        for (g, dr, c), days in runs)
             + f"{extra}._\n")
 
 

@@ -34,6 +34,8 @@ def main():
             row("09_split_kv", "bf16", 4096, 1.6, 0.04, h_kv=1, ideal_bytes=268000000)]
     got = bodies(rows)
     empty = bodies([])
+    midnight = bodies(rows + [dict(row("09_split_kv", "fp32", 65536, 0.3, 0.6, h_kv=32),
+                                   date="2026-11-24")]).get("docs/stage09.md", "")
     docs = got.get("docs/stage09.md", "")
     stage = got.get("stages/09_split_kv/README.md", "")
     edits = decode_edits(ROOT, lambda name: rows if name == "decode.csv" else [])
@@ -56,6 +58,9 @@ def main():
          in findings and "09_split_kv's): 10x." in findings),
         ("findings: the MQA point's time and bytes in both types",
          "fp32 1.5 ms for 537 MB (8% of copy), bf16 1.6 ms for 268 MB (4% of copy)" in findings),
+        ("a run that passed midnight: one commit, its dates as a range",
+             "2026-11-23 to 2026-11-24, commit `0123456789`" in midnight
+             and midnight.count("0123456789") == 1),
         ("no CSV: every block says how to record it",
          all(b == NOT_RECORDED for b in empty.values()) and len(empty) == 3),
     ]
