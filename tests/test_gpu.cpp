@@ -104,12 +104,7 @@ void check_stage_on(const Stage& s, const Problem& p, std::uint64_t seed) {
 // A problem whose logits lie near 64 * 16 / sqrt(64) = 128, beyond fp32 exp's
 // range (~88.7): B = 1, H = 2, Nq = 37, Nk = 45, d = 64 in type t.
 Problem large_logit_problem(DType t) {
-  Problem p;
-  p.B = 1;
-  p.H = 2;
-  p.Nq = 37;
-  p.Nk = 45;
-  p.d = 64;
+  Problem p = flashstep::test::make_problem(1, 2, 37, 45, 64, false);
   p.dtype = t;
   return p;
 }

@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/parallel.h"
 #include "common/reference.h"
+#include "shapes.h"
 
 using flashstep::Problem;
 using flashstep::reference_forward;
@@ -167,13 +168,7 @@ TEST_CASE("parallel_for: every index once, and a thrown error reaches the caller
 TEST_CASE("reference: the heads shared out to threads give the one-thread loop's numbers") {
   // Each head computed alone (B = H = 1 problems) against all heads at once:
   // bit for bit, since a head's rows never depend on another head's.
-  Problem p;
-  p.B = 3;
-  p.H = 4;
-  p.Nq = 37;
-  p.Nk = 53;
-  p.d = 8;
-  p.causal = true;
+  const Problem p = flashstep::test::make_problem(3, 4, 37, 53, 8, true);
   const flashstep::Inputs in = flashstep::random_inputs(p, 11);
   const flashstep::ReferenceResult all = reference_forward(p, in.Q.data(), in.K.data(), in.V.data());
   Problem one = p;

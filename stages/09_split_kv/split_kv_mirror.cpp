@@ -53,6 +53,32 @@ std::vector<std::int64_t> row_ends(const Problem& p, const Unit& u) {
   return end;
 }
 
+// Algorithm 1's online softmax for one row and one tile of `keys` scores (log2
+// units, -inf where the row may not see the key) whose maximum is tile_max:
+// P~ into p_ij, the row's m and l moved on. Returns alpha, the factor its O~
+// is rescaled by. Both split kernels run it, on their own tiles.
+float online_softmax(Cost& c, float& m, float& l, const float* score, float tile_max,
+                     std::int64_t keys, float* p_ij) {
+  const float m_new = op(c, std::fmax(m, tile_max));
+  const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+  const float alpha = op(c, std::exp2(op(c, m - m_use)));
+  float row_sum = 0.0f;
+  for (std::int64_t j = 0; j < keys; ++j) {
+    p_ij[j] = op(c, std::exp2(op(c, score[j] - m_use)));
+    row_sum = op(c, row_sum + p_ij[j]);
+  }
+  l = op(c, op(c, l * alpha) + row_sum);
+  m = m_new;
+  return alpha;
+}
+
+// L = (m + log2 l) ln 2 of a row's (m, l), -inf where l = 0 (the row saw no
+// key); the arithmetic counts either way (a select is not arithmetic).
+float row_lse(Cost& c, float m, float l) {
+  const float lse = op(c, op(c, m + op(c, std::log2(l))) * kLn2);
+  return l == 0.0f ? -INFINITY : lse;
+}
+
 // The CUDA-core split kernel (fp32): 32-key tiles, a warp's rows each with
 // one score a lane, P~ V from P~ in shared memory.
 template <typename OutO, typename OutL>
@@ -87,18 +113,9 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
         }
         tile_max = op(c, std::fmax(tile_max, score[j]));
       }
-      const float m_new = op(c, std::fmax(m[r], tile_max));
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = op(c, std::exp2(op(c, m[r] - m_use)));
       float p_ij[kBc];
-      float row_sum = 0.0f;
-      for (std::int64_t j = 0; j < keys; ++j) {
-        p_ij[j] = op(c, std::exp2(op(c, score[j] - m_use)));
-        row_sum = op(c, row_sum + p_ij[j]);
-      }
+      const float alpha = online_softmax(c, m[r], l[r], score, tile_max, keys, p_ij);
       c.sram_write_bytes += (keys + 1) * F;  // P~ and alpha (one lane)
-      l[r] = op(c, op(c, l[r] * alpha) + row_sum);
-      m[r] = m_new;
       for (std::int64_t e = 0; e < d; ++e) {
         float o = op(c, acc[r * d + e] * alpha);
         for (std::int64_t j = 0; j < keys; ++j) o += p_ij[j] * u.V[(kt + j) * d + e];
@@ -112,8 +129,7 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
   for (std::int64_t r = 0; r < rows; ++r) {
     float* O = out_O(r);
     // m and l through shared memory; l read once per element of O.
-    // The divisions and L's log2, add and multiply count even where
-    // l = 0 selects 0 and -inf (a select is not arithmetic).
+    // The divisions count even where l = 0 selects 0 (as L's, row_lse).
     c.sram_write_bytes += 2 * F;
     c.sram_read_bytes += (d + 2) * F;
     for (std::int64_t e = 0; e < d; ++e) {
@@ -121,8 +137,7 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
       const float o = l[r] == 0.0f ? 0.0f : o_div;
       O[e] = u.merge ? o : round_to_dtype(p.dtype, o);  // partials stay fp32
     }
-    const float lse = op(c, op(c, m[r] + op(c, std::log2(l[r]))) * kLn2);
-    out_L(r) = l[r] == 0.0f ? -INFINITY : lse;
+    out_L(r) = row_lse(c, m[r], l[r]);
   }
 }
 
@@ -174,17 +189,8 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
           if (k0 + j >= end[r]) score[j] = -INFINITY;
           tile_max = op(c, std::fmax(tile_max, score[j]));
         }
-        const float m_new = op(c, std::fmax(m[at], tile_max));
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = op(c, std::exp2(op(c, m[at] - m_use)));
         float p_ij[kWarpKeys];
-        float row_sum = 0.0f;
-        for (std::int64_t j = 0; j < wkeys; ++j) {
-          p_ij[j] = op(c, std::exp2(op(c, score[j] - m_use)));
-          row_sum = op(c, row_sum + p_ij[j]);
-        }
-        l[at] = op(c, op(c, l[at] * alpha) + row_sum);
-        m[at] = m_new;
+        const float alpha = online_softmax(c, m[at], l[at], score, tile_max, wkeys, p_ij);
         for (std::int64_t e = 0; e < d; ++e) {
           float o = op(c, acc[at * d + e] * alpha);
           for (std::int64_t j = 0; j < wkeys; ++j) {
@@ -203,8 +209,7 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
     const float inv_div = op(c, 1.0f / l[at]);
     const float inv = l[at] == 0.0f ? 0.0f : inv_div;
     for (std::int64_t e = 0; e < d; ++e) acc[at * d + e] = op(c, acc[at * d + e] * inv);
-    const float lse = op(c, op(c, m[at] + op(c, std::log2(l[at]))) * kLn2);
-    L_w[at] = l[at] == 0.0f ? -INFINITY : lse;
+    L_w[at] = row_lse(c, m[at], l[at]);
     c.sram_write_bytes += (d + 1) * F;
   }
   // The merge kernel's rule over the slices, per row.

@@ -12,19 +12,7 @@
 # AB_NCU=0 leaves out the ncu part. CSVs and logs go to $OUT (or ./ab-logs).
 # The build is kept in build/ between calls of a warm machine.
 set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
-out=${OUT:-ab-logs}
-mkdir -p "$out"
-export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
-if [ ! -f build/build.ninja ]; then
-  cmake --preset default -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
-    -DFLASHSTEP_WERROR=ON >"$out/ab_configure.log" 2>&1 || { tail -5 "$out/ab_configure.log"; exit 1; }
-fi
-cmake --build build -j "$(nproc)" >"$out/ab_build.log" 2>&1 \
-  || { grep -E "error|FAILED" "$out/ab_build.log" | head -20; exit 1; }
-build/tests/test_gpu --stage=07 >"$out/ab_test07.log" 2>&1
-test_rc=$?
-grep -E "test cases|assertions" "$out/ab_test07.log" | tail -2
+source "$(dirname "$0")/ab_build.sh" 07
 [ $# -gt 0 ] || set -- --N 1024 4096 16384 --d 64 128 --causal both
 python3 tests/bench/backward16.py --flashstep build/stages/cli/flashstep \
   --out "$out/ab_backward.csv" "$@" 2>"$out/ab_backward.log"

@@ -12,19 +12,7 @@
 # Nk = 32k, 131k and 512k. No SDPA run (decode.csv has it); AB_PEERS=1 runs
 # it too. CSVs and logs go to $OUT (or ./ab-logs).
 set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
-out=${OUT:-ab-logs}
-mkdir -p "$out"
-export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
-if [ ! -f build/build.ninja ]; then
-  cmake --preset default -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
-    -DFLASHSTEP_WERROR=ON >"$out/ab_configure.log" 2>&1 || { tail -5 "$out/ab_configure.log"; exit 1; }
-fi
-cmake --build build -j "$(nproc)" >"$out/ab_build.log" 2>&1 \
-  || { grep -E "error|FAILED" "$out/ab_build.log" | head -20; exit 1; }
-build/tests/test_gpu --stage=09 >"$out/ab_test09.log" 2>&1
-test_rc=$?
-grep -E "test cases|assertions" "$out/ab_test09.log" | tail -2
+source "$(dirname "$0")/ab_build.sh" 09
 [ $# -gt 0 ] || set -- --dtype bf16 fp32 --B 1 8 --H-kv 1 8 --Nq 1 --Nk 32768 131072 524288
 peers=(--no-peers)
 [ "${AB_PEERS:-0}" = 1 ] && peers=()
