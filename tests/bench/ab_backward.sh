@@ -27,6 +27,8 @@ short = {"07_tensor_core": "07 atomic", "07_tensor_core_deterministic": "07 dete
          "sdpa_flash_bf16": "FA2", "sdpa_cudnn_bf16": "cuDNN", "sdpa_math_bf16": "math"}
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["pass"] == "bwd"] \
     if os.path.exists(sys.argv[1]) else []
+if not rows:
+    sys.exit(f"ab_backward: no backward rows in {sys.argv[1]} (its log: ab_backward.log)")
 problems = sorted({(int(r["d"]), int(r["causal"]), int(r["Nq"])) for r in rows})
 stages = list(dict.fromkeys(r["stage"] for r in rows))
 cell = {(r["stage"], (int(r["d"]), int(r["causal"]), int(r["Nq"]))):

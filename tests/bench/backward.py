@@ -27,7 +27,6 @@ N^2 (it stores P and its gradient), the memory-efficient one's as N.
     python3 tests/bench/backward.py --flashstep build/stages/cli/flashstep \\
         --out docs/results/backward.csv --memory-out docs/results/backward_memory.csv
 """
-import argparse
 import csv
 import datetime
 import io
@@ -38,8 +37,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import (HIDDEN, ITERS, LONG_N, TOKENS, add_problem_args, gpu_facts,  # noqa: E402
-                   paper_problems, write_csv)
+from sweep import (HIDDEN, ITERS, LONG_N, TOKENS, Parser, add_problem_args,  # noqa: E402
+                   check_flashstep, check_problem_args, gpu_facts, paper_problems, write_csv)
 from peers import INPUT_MEAN, L2_FLUSH_FACTOR, short, time_ms  # noqa: E402
 
 STAGES = "02,05"           # the stages with a backward pass
@@ -214,7 +213,7 @@ def peer_row(torch, F, sdpa_kernel, backend, inputs, dO, causal, warmup, iters, 
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="timings CSV to write")
     ap.add_argument("--memory-out", required=True, help="memory CSV to write")
@@ -225,6 +224,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     args = ap.parse_args()
+    check_flashstep(ap, args.flashstep)
+    check_problem_args(ap, args)
 
     torch = F = sdpa_kernel = SDPBackend = None
     if not args.no_peers:

@@ -24,15 +24,14 @@ Figure 4 shape).
     python3 tests/bench/backward16.py --flashstep build/stages/cli/flashstep \\
         --out docs/results/backward16.csv
 """
-import argparse
 import datetime
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import (HIDDEN, ITERS, LONG_N, TOKENS, add_problem_args, gpu_facts,  # noqa: E402
-                   paper_problems, write_csv)
+from sweep import (HIDDEN, ITERS, LONG_N, TOKENS, Parser, add_problem_args,  # noqa: E402
+                   check_flashstep, check_problem_args, gpu_facts, paper_problems, write_csv)
 from peers import INPUT_MEAN, L2_FLUSH_FACTOR, short, time_ms  # noqa: E402
 from backward import flashstep_backward, head0_reference  # noqa: E402
 
@@ -122,7 +121,7 @@ def pass_rows(cells, flops):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="CSV to write")
     add_problem_args(ap)
@@ -130,6 +129,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     args = ap.parse_args()
+    check_flashstep(ap, args.flashstep)
+    check_problem_args(ap, args)
 
     torch = F = sdpa_kernel = SDPBackend = None
     if not args.no_peers:

@@ -27,7 +27,6 @@ CSV with the GPU, driver, date, commit and torch version; progress to stderr.
     python3 tests/bench/decode.py --flashstep build/stages/cli/flashstep \\
         --out docs/results/decode.csv [--Nk 1024 32768] [--B 1] [--H-kv 8] [--Nq 1] [--append]
 """
-import argparse
 import csv
 import datetime
 import io
@@ -38,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import gpu_facts, write_csv  # noqa: E402
+from sweep import Parser, check_flashstep, gpu_facts, write_csv  # noqa: E402
 
 H = 32
 D = 128
@@ -178,7 +177,7 @@ def peer_rows(torch, b, h_kv, nq, nk, copy_gbs, flush):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="CSV to write")
     ap.add_argument("--Nk", type=int, nargs="+", default=NK)
@@ -196,6 +195,16 @@ def main():
                          "and problem is replaced)")
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     args = ap.parse_args()
+    check_flashstep(ap, args.flashstep)
+    for flag, values in (("--Nk", args.Nk), ("--B", args.B), ("--Nq", args.Nq)):
+        for v in values:
+            if v < 1:
+                ap.error(f"{flag} {v}: must be at least 1")
+    for h_kv in args.H_kv:
+        if h_kv < 1 or H % h_kv:
+            ap.error(f"--H-kv {h_kv}: must divide H = {H}")
+    if not args.max_kv_gb > 0:
+        ap.error(f"--max-kv-gb {args.max_kv_gb}: must be above 0")
 
     torch = None
     if not args.no_peers:

@@ -25,7 +25,6 @@ run fails or a check is not ok.
     python3 tests/bench/gqa_prefill.py --flashstep build/stages/cli/flashstep \\
         --out docs/results/gqa_prefill.csv [--N 1024 4096] [--d 64] [--causal no]
 """
-import argparse
 import csv
 import datetime
 import io
@@ -35,7 +34,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import HIDDEN, ITERS, LONG_N, ROW_KEY, TOKENS, gpu_facts, merged, write_csv  # noqa: E402
+from sweep import (HIDDEN, ITERS, LONG_N, ROW_KEY, TOKENS, Parser, add_problem_args,  # noqa: E402
+                   check_flashstep, check_problem_args, gpu_facts, merged, write_csv)
 
 # flashstep --stage selector: every forward stage with grouped heads. One call
 # runs them all, each in its own type, so the inputs are drawn once a point
@@ -47,20 +47,11 @@ STAGES = "04,05,06,07_tensor_core,09_split_kv"
 N_VALUES = [1024, 4096, 16384]
 D_VALUES = [64, 128]
 GROUP = 4          # the grouped case between MHA and MQA: H_kv = H / 4 (Llama-style)
-MAX_D = 256        # flashstep's --d limit
 COLUMNS = ["stage", "dtype", "check", "median ms", "p20 ms", "p80 ms", "TFLOP/s", "HBM read",
            "HBM write", "blocks", "B", "H", "H_kv", "Nq", "Nk", "d", "causal", "gpu", "driver",
            "max_sm_clock", "date", "commit"]
-EXIT_USAGE = 2
 # What says which run a row is, for --append: sweep.py's key and the K/V heads.
 GQA_KEY = (*ROW_KEY, "H_kv")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse that says what was wrong in one line (no usage block), exit 2."""
-
-    def error(self, message):
-        self.exit(EXIT_USAGE, f"gqa_prefill: {message}\n")
 
 
 def kv_heads(H):
@@ -73,26 +64,16 @@ def parse_args(argv=None):
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="CSV to write")
-    ap.add_argument("--N", type=int, nargs="+", default=N_VALUES,
-                    help="sequence lengths (Nq = Nk), each dividing 16384 (B = 16384/N)")
-    ap.add_argument("--d", type=int, nargs="+", default=D_VALUES,
-                    help="head dimensions, each dividing 2048 (H = 2048/d), at most 256")
-    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    add_problem_args(ap)
+    ap.set_defaults(N=N_VALUES, d=D_VALUES)
     ap.add_argument("--append", action="store_true",
                     help="add the rows to those already in --out (a run of the same stage, type "
                          "and problem replaces its old row), so that one sweep can be split into "
                          "calls")
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     args = ap.parse_args(argv)
-    for n in args.N:
-        if n <= 0 or TOKENS % n:
-            ap.error(f"--N {n}: must divide {TOKENS} (B = {TOKENS}/N)")
-    for d in args.d:
-        if d <= 0 or d > MAX_D or HIDDEN % d:
-            ap.error(f"--d {d}: must divide {HIDDEN} (H = {HIDDEN}/d) and be at most {MAX_D}")
-    if not (os.path.isfile(args.flashstep) and os.access(args.flashstep, os.X_OK)):
-        ap.error(f"--flashstep {args.flashstep}: no executable there "
-                 "(cmake --build build --target flashstep)")
+    check_problem_args(ap, args)
+    check_flashstep(ap, args.flashstep)
     return args
 
 

@@ -103,11 +103,42 @@ def record_tool(label, tool, tool_args, out, commit):
     sys.exit(1 if bad or proc.returncode else 0)
 
 
+EXIT_USAGE = 2  # a bad flag: argparse's exit status
+MAX_D = 256     # flashstep's --d limit
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that says what was wrong in one line, "prog: message" (no usage
+    block), and exits with EXIT_USAGE."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+
+
 def add_problem_args(ap):
     """--N, --d and --causal: the FlashAttention-2 paper's sweep (the defaults) or part of it."""
-    ap.add_argument("--N", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--N", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384],
+                    help=f"sequence lengths (Nq = Nk), each dividing {TOKENS} (B = {TOKENS}/N)")
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128],
+                    help=f"head dimensions, each dividing {HIDDEN} (H = {HIDDEN}/d), at most {MAX_D}")
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+
+
+def check_flashstep(ap, path):
+    """Refuses, in one line, a --flashstep that is not an executable file."""
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        ap.error(f"--flashstep {path}: no executable there (cmake --build build --target flashstep)")
+
+
+def check_problem_args(ap, args):
+    """Refuses, in one line, an --N or --d the paper's shapes cannot take: B = TOKENS/N
+    and H = HIDDEN/d must be whole."""
+    for n in args.N:
+        if n <= 0 or TOKENS % n:
+            ap.error(f"--N {n}: must divide {TOKENS} (B = {TOKENS}/N)")
+    for d in args.d:
+        if d <= 0 or d > MAX_D or HIDDEN % d:
+            ap.error(f"--d {d}: must divide {HIDDEN} (H = {HIDDEN}/d) and be at most {MAX_D}")
 
 
 def causal_modes(args):
@@ -121,7 +152,7 @@ def paper_problems(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="CSV to write")
     add_problem_args(ap)
@@ -136,6 +167,8 @@ def main():
                     help="only the long point B=1 H=4 N=65536 (for each d, causal and not)")
     ap.add_argument("--commit", default=os.environ.get("FLASHSTEP_COMMIT", "unknown"))
     args = ap.parse_args()
+    check_flashstep(ap, args.flashstep)
+    check_problem_args(ap, args)
 
     meta = gpu_facts()
     meta["date"] = datetime.date.today().isoformat()
