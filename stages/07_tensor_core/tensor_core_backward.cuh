@@ -35,15 +35,19 @@
 // (a register fragment cannot be transposed in place: each lane holds two
 // neighbouring columns of one row), and dQ_i sums over all Bc keys, which
 // four warps hold 16 each: the sum has to cross warps anyway. So the block
-// writes dS_ij (rounded to 16 bits) once into a [Br x Bc] tile, and each
-// warp reads back 16 query rows of it as A fragments with ldmatrix.
+// writes dS_ij^T (rounded to 16 bits) once into a [Bc x Br] tile, as the
+// registers hold it: a lane's two neighbouring queries are one 32-bit store.
+// Each warp reads back 16 query rows of dS_ij as A fragments with
+// ldmatrix.trans, which transposes on the way (load_a_transposed). Written
+// as dS (queries as rows) the tile took twice the stores, 16-bit ones.
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
 // the dS tile. A warp computes S^T and dP^T for kQSlice = 32 queries of the
 // Q block at a time, which keeps their accumulators beside dK_j's and dV_j's
-// within the registers (tensor_core_backward_tiles.h). All tiles but L and D in the forward's swizzled layout
-// (tensor_core.cuh), whose fragment loaders this file reuses.
+// within the registers (tensor_core_backward_tiles.h). All tiles but L and D
+// in the forward's swizzled layout (tensor_core.cuh), whose fragment loaders
+// this file reuses.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -154,6 +158,30 @@ __device__ inline void accumulator_to_a(std::uint32_t (&a)[4], const float (&acc
   a[3] = sm80::pack2<Elem>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
 }
 
+/// The A fragment of k depth k0 .. k0 + 15 of a matrix held TRANSPOSED in a
+/// [k][kBr] tile (dS_ij^T: keys as rows, queries as columns), at the rows m0
+/// .. m0 + 15 fixed by lane_at, the lane's offset at k0 = 0 (dst_lane_offset).
+/// ldmatrix.trans transposes each 8 x 8 block on the way in.
+template <typename Elem>
+__device__ inline void load_a_transposed(std::uint32_t (&a)[4], const Elem* tile, int lane_at,
+                                         int k0) {
+  sm80::ldmatrix_x4_trans(a, tile + lane_at + k0 * kBr);  // k0 % 8 == 0: the swizzle is unchanged
+}
+
+/// A lane's ldmatrix.trans address (in elements) in a [k][kBr] transposed
+/// tile for rows m0 .. m0 + 15 of the A fragment, at k0 = 0. A's registers
+/// are the 8 x 8 blocks (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15),
+/// (m 8-15, k 8-15), which in the transposed tile are (k 0-7, m 0-7), (k 0-7,
+/// m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15): lanes 0-7 point at the first
+/// block's rows, 8-15 the second's, and so on, which is k_point's pattern
+/// (the B fragment of Q K^T has the same blocks in the same order). m0
+/// depends on the warp, a runtime value: looked up in a LaneOffsets table it
+/// would put the table in local memory, so it is computed once here.
+__device__ inline int dst_lane_offset(int m0) {
+  const LanePoint point = k_point(threadIdx.x % kWarpSize);
+  return tile_offset<kBr, true>(point.row, m0 + point.col);
+}
+
 /// acc[16 rows x kTiles * 8] = rows row0 .. row0 + 15 of tile A times tile
 /// B^T: B's rows are the n index (Qi or dOi rows: queries, or Kj/Vj rows:
 /// keys), both tiles [rows][kHeadDim] with the k depth along d. S^T, dP^T
@@ -230,8 +258,11 @@ __device__ inline void store_rows(Elem* dst, const float (&acc)[kTiles][4], int 
 // ---------------------------------------------------------------------------
 // Lines 5-20: dK_j, dV_j (and dQ by atomics).
 
-/// dQ_i's fp32 accumulator += one n8 tile of a warp's dQ product (rows row0 ..
-/// row0 + 15 of the Q block, columns col0 .. col0 + 7), by atomic adds.
+/// dQ_i's fp32 accumulator += one n8 tile of a warp's dQ product, by atomic
+/// adds. `at` is this lane's first element of the tile (DQLane, below),
+/// `row_inside` whether its row is a real query, `cols_left` how many of d's
+/// columns are left from there, and `vec` whether rows are 16-byte aligned
+/// (d % 4 == 0).
 ///
 /// The accumulator layout gives lane (g, t) the pairs (row g, columns 2t and
 /// 2t + 1) and (row g + 8, the same columns). Neighbouring lanes t and t ^ 1
@@ -240,37 +271,45 @@ __device__ inline void store_rows(Elem* dst, const float (&acc)[kTiles][4], int 
 /// reduction each (red.global.add.v4.f32, sm_90), where four scalar atomics
 /// touched each 32-byte sector twice. The L2 then sees half the reduction
 /// sectors and a quarter of the reduction requests. Before sm_90, or when a
-/// row of dQ is not 16-byte aligned (d % 4 != 0), scalar atomics.
-__device__ inline void add_to_dq(float* dQh, const float (&acc)[4], int row0, int col0,
-                                 int rows_valid, int d) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int g = lane / 4, t = lane % 4;
+/// row of dQ is not 16-byte aligned, the four columns by scalar atomics.
+__device__ inline void add_to_dq(float* at, const float (&acc)[4], bool row_inside, int cols_left,
+                                 bool vec) {
+  const bool odd = threadIdx.x % 2 == 1;  // t % 2: the lane holds row g + 8 after the swap
+  const float give0 = odd ? acc[0] : acc[2], give1 = odd ? acc[1] : acc[3];
+  const float got0 = __shfl_xor_sync(kFullWarpMask, give0, 1);
+  const float got1 = __shfl_xor_sync(kFullWarpMask, give1, 1);
+  const float4 v = odd ? make_float4(got0, got1, acc[2], acc[3])
+                       : make_float4(acc[0], acc[1], got0, got1);
+  if (!row_inside || cols_left <= 0) return;
 #if __CUDA_ARCH__ >= 900
-  if (d % 4 == 0) {
-    const bool odd = t % 2 == 1;
-    const float give0 = odd ? acc[0] : acc[2], give1 = odd ? acc[1] : acc[3];
-    const float got0 = __shfl_xor_sync(kFullWarpMask, give0, 1);
-    const float got1 = __shfl_xor_sync(kFullWarpMask, give1, 1);
-    const int row = row0 + g + (odd ? 8 : 0);
-    const int col = col0 + 2 * (t - t % 2);
-    const float4 v = odd ? make_float4(got0, got1, acc[2], acc[3])
-                         : make_float4(acc[0], acc[1], got0, got1);
-    if (row < rows_valid && col < d) {
-      atomicAdd(reinterpret_cast<float4*>(dQh + static_cast<std::int64_t>(row) * d + col), v);
-    }
+  if (vec) {
+    atomicAdd(reinterpret_cast<float4*>(at), v);
     return;
   }
 #endif
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int row = row0 + g + 8 * (e / 2);
-    const int col = col0 + 2 * t + e % 2;
-    if (row < rows_valid && col < d) {
-      atomicAdd(dQh + static_cast<std::int64_t>(row) * d + col, acc[e]);
-    }
-  }
+  atomicAdd(at, v.x);
+  if (cols_left > 1) atomicAdd(at + 1, v.y);
+  if (cols_left > 2) atomicAdd(at + 2, v.z);
+  if (cols_left > 3) atomicAdd(at + 3, v.w);
 }
 
+/// Where a lane's atomic adds into dQ_i land, worked out once per Q block so
+/// that the unrolled adds only add constants: after add_to_dq's swap, the
+/// lane holds row g (even t) or g + 8 (odd t) of its warp's 16 query rows,
+/// columns 4 (t / 2) .. + 3 of every n8 tile.
+struct DQLane {
+  float* at;        // the lane's element at column 0: [4] of its row of dQ_i's accumulator
+  int col;          // its first column within an n8 tile
+  bool row_inside;  // whether the row is a real query
+  __device__ DQLane(float* dQi, int q_row0, int rows_valid, int d) {  // dQi: [rows_valid, d]
+    const int lane = threadIdx.x % kWarpSize;
+    const int g = lane / 4, t = lane % 4;
+    const int row = q_row0 + g + 8 * (t % 2);
+    col = 4 * (t / 2);
+    at = dQi + static_cast<std::int64_t>(row) * d + col;
+    row_inside = row < rows_valid;
+  }
+};
 
 /// Starts the copies of Q block i's Qi, dOi into their buffers (cp.async)
 /// and loads its rows' L and D (plain loads: 2 Br floats). Rows past Nq get
@@ -298,7 +337,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
   Elem* Vj = Kj + C::kKVElems;               // [Bc][kHeadDim]
   Elem* Qbuf = Vj + C::kKVElems;             // 2 x [Br][kHeadDim]
   Elem* dObuf = Qbuf + 2 * C::kQElems;       // 2 x [Br][kHeadDim]
-  Elem* dS = dObuf + 2 * C::kQElems;         // [Br][Bc]: dS_ij, queries as rows
+  Elem* dS = dObuf + 2 * C::kQElems;         // [Bc][Br]: dS_ij^T, keys as rows
   float* Lbuf = reinterpret_cast<float*>(dS + C::kDSElems);  // 2 x [Br]
   float* Dbuf = Lbuf + 2 * kBr;                               // 2 x [Br]
 
@@ -331,7 +370,6 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
   const int i_first = static_cast<int>(row_first / kBr);
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
-  const LaneOffsets<kBc> at_ds(a_point(lane));
 
   load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(              // line 6
       Kj, p.K + (bh * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
@@ -372,10 +410,19 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
       for (int nt = 0; nt < C::kQTiles; ++nt) {                              // line 11
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = key_row0 + g + 8 * (e / 2);
           const int q = qs + nt * kMmaN + 2 * t + e % 2;
-          const float P = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Ls[q]));
-          S[nt][e] = whole || visible(key, q, keys_valid, p.causal, diag) ? P : 0.0f;
+          S[nt][e] = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Ls[q]));
+        }
+      }
+      if (!whole) {  // a tile on the diagonal or past Nk: its hidden pairs' P is 0
+#pragma unroll
+        for (int nt = 0; nt < C::kQTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key_row0 + g + 8 * (e / 2);
+            const int q = qs + nt * kMmaN + 2 * t + e % 2;
+            if (!visible(key, q, keys_valid, p.causal, diag)) S[nt][e] = 0.0f;
+          }
         }
       }
       product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim,
@@ -392,14 +439,15 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
       }
       product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim,
                                                               col0, at_bv);  // line 16
-      if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS
+      if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS^T
 #pragma unroll
         for (int nt = 0; nt < C::kQTiles; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key_row0 + g + 8 * (e / 2);
-            const int q = qs + nt * kMmaN + 2 * t + e % 2;
-            dS[tile_offset<kBc, true>(q, key)] = from_float<Elem>(dP[nt][e]);
+          for (int h = 0; h < 2; ++h) {  // keys g and g + 8, two neighbouring queries each
+            const int key = key_row0 + g + 8 * h;
+            const int q = qs + nt * kMmaN + 2 * t;
+            *reinterpret_cast<std::uint32_t*>(dS + tile_offset<kBr, true>(key, q)) =
+                sm80::pack2<Elem>(dP[nt][2 * h], dP[nt][2 * h + 1]);
           }
         }
       }
@@ -409,7 +457,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
       __syncthreads();  // the whole dS tile is in
       // Warp w takes query rows 16 (w % 4) .. of dQ_i, at its columns.
       const int q_row0 = warp % kKeyGroups * kMmaM;
-      float* dQh = p.dQ_accum + (bh * p.Nq + q0) * p.d;  // [Nq - q0, d]
+      const int at_ds = dst_lane_offset(q_row0);
+      const DQLane dq(p.dQ_accum + (bh * p.Nq + q0) * p.d, q_row0, p.Nq - q0, p.d);
+      const bool vec = p.d % 4 == 0;
       // The chunk loop is unrolled so that every column offset into Kj is a
       // compile-time constant: with a runtime chunk, the lane's swizzle table
       // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
@@ -427,7 +477,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
 #pragma unroll
         for (int kk = 0; kk < C::kKeySteps; ++kk) {
           std::uint32_t a[4];
-          load_a<Elem, kBc, true>(a, dS, at_ds, q_row0, kk * kMmaK);
+          load_a_transposed<Elem>(a, dS, at_ds, kk * kMmaK);
 #pragma unroll
           for (int np = 0; np < C::kChunkTiles / 2; ++np) {
             std::uint32_t b[4];
@@ -439,7 +489,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
         }
 #pragma unroll
         for (int nt = 0; nt < C::kChunkTiles; ++nt) {
-          add_to_dq(dQh, acc[nt], q_row0, chunk + nt * kMmaN, p.Nq - q0, p.d);
+          const int col = chunk + nt * kMmaN;
+          add_to_dq(dq.at + col, acc[nt], dq.row_inside, p.d - col - dq.col, vec);
         }
       }
     }
@@ -563,10 +614,18 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
     for (int nt = 0; nt < C::kKTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int q = q_row0 + g + 8 * (e / 2);
-        const int key = nt * kMmaN + 2 * t + e % 2;
-        const float P = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Lr[e / 2]));
-        S[nt][e] = whole || visible(key, q, keys_valid, p.causal, diag) ? P : 0.0f;
+        S[nt][e] = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Lr[e / 2]));
+      }
+    }
+    if (!whole) {  // a tile on the diagonal or past Nk: its hidden pairs' P is 0
+#pragma unroll
+      for (int nt = 0; nt < C::kKTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q = q_row0 + g + 8 * (e / 2);
+          const int key = nt * kMmaN + 2 * t + e % 2;
+          if (!visible(key, q, keys_valid, p.causal, diag)) S[nt][e] = 0.0f;
+        }
       }
     }
     float dP[C::kKTiles][4];  // dP, then dS
