@@ -281,44 +281,53 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   CHECK(deterministic->backward_model(p).matmul_flops == 14 * n2d);
   p.d = 256;  // both warps of a key group compute S^T and dP^T
   CHECK(atomic->backward_model(p).matmul_flops == 14 * 4 * n2d);
-  // Causal, 64 x 64 blocks: K/V block j skips the j Q blocks above the diagonal.
+  // Causal, 128-key K/V blocks, 64-row Q blocks: K/V block j skips the 2 j Q
+  // blocks above the diagonal. At d = 256 the K/V blocks are 64 keys.
   p.d = 64;
   p.causal = true;
+  CHECK(atomic->backward_model(p).skipped_tiles == 0 + 2);
+  p.d = 256;
   CHECK(atomic->backward_model(p).skipped_tiles == 0 + 1 + 2 + 3);
-  // The atomic variant writes 4 bytes per dQ element and visited K/V block,
-  // and 4 more zeroing the accumulator; its conversion writes dQ as often as
-  // dq_kernel does.
+  // The atomic variant writes 4 bytes per dQ element and visited K/V block
+  // (two of 128 keys), and 4 more zeroing the accumulator; its conversion
+  // writes dQ as often as dq_kernel does.
+  p.d = 64;
   p.causal = false;
   const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
-  CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
+  CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 2 * 256 * 64 * 4 + 256 * 64 * 4);
 }
 
 TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the contract says so") {
   namespace bwd = flashstep::tensor_core::bwd;
   // Ragged edges, Nq > Nk (rows that see no key) and Nq < Nk (keys no row
-  // sees), and one shape far past the clamp of tile_diag.
-  for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {130, 67}, {67, 130},
-                        {200, 200}, {64, 1000}, {1000, 64}, {255, 257}}) {
-    for (bool causal : {false, true}) {
-      const Problem p = make_problem(1, 1, Nq, Nk, 8, causal);
-      CAPTURE(p.describe());
-      std::int64_t wrong = 0;
-      for (std::int64_t key0 = 0; key0 < Nk; key0 += bwd::kBc) {
-        const auto keys = static_cast<int>(std::min<std::int64_t>(bwd::kBc, Nk - key0));
-        // The Q blocks the dK, dV kernel visits for this K/V block.
-        const std::int64_t from = bwd::first_row(key0, Nq, Nk, causal) / bwd::kBr * bwd::kBr;
-        for (std::int64_t i = 0; i < Nq; ++i) {
-          const std::int64_t q0 = i / bwd::kBr * bwd::kBr;
-          const int diag = bwd::tile_diag(q0, key0, Nq, Nk);
-          const bool whole = bwd::whole_tile(keys, causal, diag);
-          for (int key = 0; key < keys; ++key) {
-            const bool kernel = q0 >= from && (whole || bwd::visible(key, static_cast<int>(i - q0),
-                                                                     keys, causal, diag));
-            wrong += kernel != (key0 + key < p.visible_keys(i));
+  // sees), and one shape far past the clamp of tile_diag; every K/V block
+  // width the kernels use (the dK, dV kernel's per bucket, the dQ kernel's).
+  for (int Bc : {bwd::block_keys(64), bwd::block_keys(256), bwd::kDQBc}) {
+    for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {130, 67}, {67, 130},
+                          {200, 200}, {64, 1000}, {1000, 64}, {255, 257}}) {
+      for (bool causal : {false, true}) {
+        const Problem p = make_problem(1, 1, Nq, Nk, 8, causal);
+        CAPTURE(Bc);
+        CAPTURE(p.describe());
+        std::int64_t wrong = 0;
+        for (std::int64_t key0 = 0; key0 < Nk; key0 += Bc) {
+          const auto keys = static_cast<int>(std::min<std::int64_t>(Bc, Nk - key0));
+          // The Q blocks the dK, dV kernel visits for this K/V block.
+          const std::int64_t from = bwd::first_row(key0, Nq, Nk, causal) / bwd::kBr * bwd::kBr;
+          for (std::int64_t i = 0; i < Nq; ++i) {
+            const std::int64_t q0 = i / bwd::kBr * bwd::kBr;
+            const int diag = bwd::tile_diag(q0, key0, Nq, Nk);
+            const bool whole = bwd::whole_tile(keys, Bc, causal, diag);
+            for (int key = 0; key < keys; ++key) {
+              const bool kernel =
+                  q0 >= from &&
+                  (whole || bwd::visible(key, static_cast<int>(i - q0), keys, causal, diag));
+              wrong += kernel != (key0 + key < p.visible_keys(i));
+            }
           }
         }
+        CHECK(wrong == 0);
       }
-      CHECK(wrong == 0);
     }
   }
 }

@@ -76,7 +76,7 @@ void launch_bucket(const Problem& p, const BackwardTensors& t, Stream stream) {
       prm, kAtomicDQ);
   check_launch("stage 07 backward: D pre-pass");
   const unsigned heads_y = static_cast<unsigned>(std::min(p.heads(), bwd::kMaxGridY));
-  const std::int64_t Tc = (p.Nk - 1) / bwd::kBc + 1;
+  const std::int64_t Tc = (p.Nk - 1) / C::kBc + 1;
   launch_with_smem(bwd::dkdv_kernel<Elem, C, kAtomicDQ>, dim3(static_cast<unsigned>(Tc), heads_y),
                    C::kThreads, C::kSmemBytes, stream, "stage 07 backward: dK, dV kernel", prm);
   if constexpr (kAtomicDQ) {

@@ -34,7 +34,7 @@
 // the QUERY as its row (m) index, the transpose of what the registers hold
 // (a register fragment cannot be transposed in place: each lane holds two
 // neighbouring columns of one row), and dQ_i sums over all Bc keys, which
-// four warps hold 16 each: the sum has to cross warps anyway. So the block
+// the warps hold 16 each: the sum has to cross warps anyway. So the block
 // writes dS_ij^T (rounded to 16 bits) once into a [Bc x Br] tile, as the
 // registers hold it: a lane's two neighbouring queries are one 32-bit store.
 // Each warp reads back 16 query rows of dS_ij as A fragments with
@@ -90,6 +90,8 @@ struct BackwardParams {
 template <int kHeadDim_>
 struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kKeyGroups = key_groups(kHeadDim);
+  static constexpr int kBc = block_keys(kHeadDim);
   static constexpr int kDSplit = d_split(kHeadDim);
   static constexpr int kWarps = warps(kHeadDim);
   static constexpr int kThreads = kWarps * kWarpSize;
@@ -99,6 +101,7 @@ struct BackwardConfig {
   static constexpr int kKeySteps = kBc / kMmaK;         // k16 steps over the keys (dQ)
   static constexpr int kDSteps = kHeadDim / kMmaK;      // k16 steps over d (S^T, dP^T)
   static constexpr int kChunkTiles = kDQChunk / kMmaN;  // n8 tiles of a dQ chunk
+  static constexpr int kDQCols = kHeadDim * kDQRowGroups / kWarps;  // dQ columns per warp
 
   // Shared memory, in elements: Kj, Vj; two buffers of Qi and dOi; dS; then
   // two buffers of L and D (fp32, counted in elements of 2 bytes).
@@ -109,8 +112,9 @@ struct BackwardConfig {
   static constexpr int kSmemBytes =
       (2 * kKVElems + 4 * kQElems + kDSElems) * 2 + kRowFloats * 4;
 
-  static_assert(kBr == kKeyGroups * kMmaM, "in the dQ step each key group's warps take 16 query rows");
-  static_assert(kWarpCols % kDQChunk == 0 && kColTiles % 2 == 0, "whole chunks, n8 tiles in pairs");
+  static_assert(kBr == kDQRowGroups * kMmaM && kWarps % kDQRowGroups == 0,
+                "in the dQ step each row group's warps take 16 query rows");
+  static_assert(kDQCols % kDQChunk == 0 && kColTiles % 2 == 0, "whole chunks, n8 tiles in pairs");
   static_assert(kHeadDim / kChunkElems >= 8, "the swizzle permutes 8 chunks of a row");
 };
 
@@ -333,6 +337,7 @@ __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t 
 template <typename Elem, typename C, bool kAtomicDQ>
 __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh, int j,
                                   unsigned char* smem) {
+  constexpr int kBc = C::kBc;
   Elem* Kj = reinterpret_cast<Elem*>(smem);  // [Bc][kHeadDim]
   Elem* Vj = Kj + C::kKVElems;               // [Bc][kHeadDim]
   Elem* Qbuf = Vj + C::kKVElems;             // 2 x [Br][kHeadDim]
@@ -344,8 +349,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  const int key_row0 = warp % kKeyGroups * kMmaM;      // this warp's 16 keys of Kj, Vj
-  const int col0 = C::kDSplit == 1 ? 0 : warp / kKeyGroups * C::kWarpCols;  // its columns of dK_j, dV_j
+  const int key_row0 = warp % C::kKeyGroups * kMmaM;  // this warp's 16 keys of Kj, Vj
+  const int col0 = C::kDSplit == 1 ? 0 : warp / C::kKeyGroups * C::kWarpCols;  // its columns of dK_j, dV_j
   const int key0 = j * kBc;
   const int keys_valid = min(kBc, p.Nk - key0);
   const int Tr = (p.Nq - 1) / kBr + 1;
@@ -397,7 +402,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
 
     const int q0 = i * kBr;
     const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
-    const bool whole = whole_tile(keys_valid, p.causal, diag);
+    const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
 
     // The Q block's queries in slices of kQSlice: S^T and dP^T of one slice
     // at a time, so their accumulators take half the registers.
@@ -455,8 +460,17 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
 
     if constexpr (kAtomicDQ) {
       __syncthreads();  // the whole dS tile is in
-      // Warp w takes query rows 16 (w % 4) .. of dQ_i, at its columns.
-      const int q_row0 = warp % kKeyGroups * kMmaM;
+      // Warp w takes query rows 16 (w % 4) .. of dQ_i and C::kDQCols of its
+      // columns from (w / 4) C::kDQCols on, summing over all Bc keys.
+      const int q_row0 = warp % kDQRowGroups * kMmaM;
+      const int dq_col0 = warp / kDQRowGroups * C::kDQCols;
+      // The lane's offsets into Kj from column dq_col0 on. dq_col0 is a
+      // runtime value, 32 at d = 64; passed as a column to at_bv, it would
+      // index the lane's table at run time, and the table would go to local
+      // memory (below). Folded into the table's point, the columns left are
+      // compile-time constants.
+      const LanePoint vp = v_point(lane);
+      const LaneOffsets<C::kHeadDim> at_kq(LanePoint{vp.row, vp.col + dq_col0});
       const int at_ds = dst_lane_offset(q_row0);
       const DQLane dq(p.dQ_accum + (bh * p.Nq + q0) * p.d, q_row0, p.Nq - q0, p.d);
       const bool vec = p.d % 4 == 0;
@@ -465,9 +479,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
       // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
       // two local loads per fragment (ncu: 33 M local sectors at d = 64).
 #pragma unroll
-      for (int c = 0; c < C::kWarpCols / kDQChunk; ++c) {
-        const int chunk = col0 + c * kDQChunk;
-        if (chunk >= p.d) break;
+      for (int c = 0; c < C::kDQCols / kDQChunk; ++c) {
+        const int chunk = c * kDQChunk;  // from dq_col0
+        if (dq_col0 + chunk >= p.d) break;
         float acc[C::kChunkTiles][4];
 #pragma unroll
         for (int nt = 0; nt < C::kChunkTiles; ++nt) {
@@ -481,7 +495,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
 #pragma unroll
           for (int np = 0; np < C::kChunkTiles / 2; ++np) {
             std::uint32_t b[4];
-            load_b_v<Elem, C::kHeadDim, true>(b, Kj, at_bv, kk * kMmaK, chunk + np * 2 * kMmaN);
+            load_b_v<Elem, C::kHeadDim, true>(b, Kj, at_kq, kk * kMmaK, chunk + np * 2 * kMmaN);
             const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
             sm80::mma_m16n8k16<Elem>(acc[2 * np], a, b_lo);
             sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a, b_hi);
@@ -489,7 +503,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
         }
 #pragma unroll
         for (int nt = 0; nt < C::kChunkTiles; ++nt) {
-          const int col = chunk + nt * kMmaN;
+          const int col = dq_col0 + chunk + nt * kMmaN;
           add_to_dq(dq.at + col, acc[nt], dq.row_inside, p.d - col - dq.col, vec);
         }
       }
@@ -533,6 +547,7 @@ template <int kHeadDim_>
 struct DQConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kThreads = kDQWarps * kWarpSize;
+  static constexpr int kBc = kDQBc;
   static constexpr int kKTiles = kBc / kMmaN;        // n8 tiles of S over the keys
   static constexpr int kDTiles = kHeadDim / kMmaN;   // n8 tiles of dQ
   static constexpr int kQElems = kBr * kHeadDim;
@@ -545,6 +560,7 @@ struct DQConfig {
 template <typename Elem, typename C>
 __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, int i,
                                 unsigned char* smem) {
+  constexpr int kBc = C::kBc;
   Elem* Qi = reinterpret_cast<Elem*>(smem);  // [Br][kHeadDim]
   Elem* dOi = Qi + C::kQElems;               // [Br][kHeadDim]
   Elem* Kbuf = dOi + C::kQElems;             // 2 x [Bc][kHeadDim]
@@ -568,8 +584,8 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   // The keys the block's last row sees: the K/V blocks past them are skipped.
   const std::int64_t last = static_cast<std::int64_t>(q0) + rows_valid - 1;
   const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
-  const int block_keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
-  const int n_blocks = block_keys == 0 ? 0 : (block_keys - 1) / kBc + 1;
+  const int seen_keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  const int n_blocks = seen_keys == 0 ? 0 : (seen_keys - 1) / kBc + 1;
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
   auto load_kv = [&](int j, int buf) {
@@ -606,7 +622,7 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
     const int key0 = j * kBc;
     const int keys_valid = min(kBc, p.Nk - key0);
     const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
-    const bool whole = whole_tile(keys_valid, p.causal, diag);
+    const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
 
     float S[C::kKTiles][4];  // S, then P: rows queries, columns keys
     product_abt<Elem, C::kHeadDim, C::kKTiles>(S, Qw, Kj, 0, at_a, at_bk);

@@ -1,5 +1,5 @@
 // Stage 07's backward on the host (tensor_core.h, backward_mirror): the
-// kernels' tiles and loops (one K/V block of kBc keys at a time, the Q blocks
+// kernels' tiles and loops (one K/V block of Bc keys at a time, the Q blocks
 // of kBr rows streaming past from the first that sees it, dQ summed in fp32
 // across K/V blocks as the atomics sum it), their mask (the same functions,
 // tensor_core_backward_tiles.h) and their numerics in p.dtype, so
@@ -22,6 +22,7 @@ void backward_mirror(const Problem& p, const HostBackwardTensors& t) {
   const auto d = static_cast<std::size_t>(p.d);
   const auto scale = static_cast<float>(p.softmax_scale());
   const auto scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
+  const int Bc = bwd::block_keys(head_dim_bucket(p.d));
   for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
     const float* Q = t.Q + bh * p.Nq * p.d;    // [Nq, d]
     const float* K = t.K + bh * p.Nk * p.d;    // [Nk, d]
@@ -38,14 +39,14 @@ void backward_mirror(const Problem& p, const HostBackwardTensors& t) {
       L_log2[i] = L[i] == -INFINITY ? INFINITY : L[i] * static_cast<float>(kLog2e);
     }
     std::vector<float> dQ_accum(static_cast<std::size_t>(p.Nq) * d, 0.0f);
-    for (std::int64_t key0 = 0; key0 < p.Nk; key0 += bwd::kBc) {
-      const auto keys = static_cast<int>(std::min<std::int64_t>(bwd::kBc, p.Nk - key0));
+    for (std::int64_t key0 = 0; key0 < p.Nk; key0 += Bc) {
+      const auto keys = static_cast<int>(std::min<std::int64_t>(Bc, p.Nk - key0));
       std::vector<float> dK(static_cast<std::size_t>(keys) * d, 0.0f), dV(dK.size(), 0.0f);
       const std::int64_t row_first = bwd::first_row(key0, p.Nq, p.Nk, p.causal);
       for (std::int64_t q0 = row_first / bwd::kBr * bwd::kBr; q0 < p.Nq; q0 += bwd::kBr) {
         // The kernel's mask, pair by pair (a masked pair has P = 0 there).
         const int diag = bwd::tile_diag(q0, key0, p.Nq, p.Nk);
-        const bool whole = bwd::whole_tile(keys, p.causal, diag);
+        const bool whole = bwd::whole_tile(keys, Bc, p.causal, diag);
         for (int q = 0; q < bwd::kBr && q0 + q < p.Nq; ++q) {
           const std::int64_t i = q0 + q;
           for (int key = 0; key < keys; ++key) {

@@ -14,12 +14,13 @@
 //   atomic variant's dS tile (C_j per row).
 // - Shared memory reads, as the warps load fragments: per visited row, the
 //   products S^T = K Q^T and dP^T = V dO^T read Qi's and dOi's d columns once
-//   per warp (W = 4 key groups times the d split) and each warp its own 16
-//   rows of Kj, Vj per slice of kQSlice queries (both warps of a key group
-//   at d = 256); dV += P^T dO and dK += dS^T Q read dOi and Qi once per key
-//   group (each warp its columns); L and D once per key group; the atomic
-//   variant's dQ step reads dS's C_j per row and Kj's C_j d per Q block per
-//   query group of 16 rows.
+//   per warp (W = key groups, 8 up to d = 128 and 4 at d = 256, times the d
+//   split) and each warp its own 16 rows of Kj, Vj per slice of kQSlice
+//   queries (both warps of a key group at d = 256); dV += P^T dO and
+//   dK += dS^T Q read dOi and Qi once per key group (each warp its columns);
+//   L and D once per key group; the atomic variant's dQ step reads dS's C_j
+//   per row once per column part (W / 4 warps share a row group's columns)
+//   and Kj's C_j d per Q block per query group of 16 rows.
 // - Matmul FLOPs: the five products, 2 C_j d per row each; at d = 256 the two
 //   warps of a key group both compute S^T and dP^T (counted: executed work).
 //   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
@@ -52,13 +53,16 @@ Cost backward_model(const Problem& p) {
   const std::int64_t d = p.d;
   const std::int64_t split = bwd::d_split(bucket);
   const std::int64_t warps = bwd::warps(bucket);
-  const std::int64_t Tc = ceil_div(p.Nk, bwd::kBc);
+  const std::int64_t groups = bwd::key_groups(bucket);
+  const std::int64_t Bc = bwd::block_keys(bucket);
+  const std::int64_t dq_col_parts = warps / bwd::kDQRowGroups;
+  const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
   const std::int64_t slices = bwd::kBr / bwd::kQSlice;
   Cost head;
   for (std::int64_t j = 0; j < Tc; ++j) {
-    const std::int64_t key0 = j * bwd::kBc;
-    const std::int64_t C = std::min<std::int64_t>(bwd::kBc, p.Nk - key0);
+    const std::int64_t key0 = j * Bc;
+    const std::int64_t C = std::min<std::int64_t>(Bc, p.Nk - key0);
     const std::int64_t first_row = p.causal ? std::max<std::int64_t>(0, key0 + p.Nq - p.Nk) : 0;
     head.hbm_write_bytes += 2 * C * d * e;  // dK_j, dV_j: zeros when no row sees them
     if (first_row >= p.Nq) {
@@ -71,8 +75,8 @@ Cost backward_model(const Problem& p) {
     const std::int64_t rows = p.Nq - i_first * bwd::kBr;
     head.hbm_read_bytes += 2 * C * d * e + rows * (2 * d * e + 2 * kFloatBytes);
     head.sram_write_bytes += 2 * C * d * e + rows * (2 * d * e + 2 * kFloatBytes);
-    head.sram_read_bytes += rows * (2 * warps + 2 * bwd::kKeyGroups) * d * e +
-                            blocks * slices * 2 * split * C * d * e + rows * bwd::kKeyGroups * 2 * kFloatBytes;
+    head.sram_read_bytes += rows * (2 * warps + 2 * groups) * d * e +
+                            blocks * slices * 2 * split * C * d * e + rows * groups * 2 * kFloatBytes;
     const std::int64_t products = kAtomicDQ ? 5 : 4;
     head.matmul_flops += (products + 2 * (split - 1)) * 2 * rows * C * d;
     head.nonmatmul_flops += kFlopsPerScore * rows * C;
@@ -80,14 +84,14 @@ Cost backward_model(const Problem& p) {
       head.hbm_read_bytes += rows * d * kFloatBytes;
       head.hbm_write_bytes += rows * d * kFloatBytes;
       head.sram_write_bytes += rows * C * e;
-      head.sram_read_bytes += rows * C * e + blocks * bwd::kKeyGroups * C * d * e;
+      head.sram_read_bytes += rows * C * dq_col_parts * e + blocks * bwd::kDQRowGroups * C * d * e;
     }
   }
   if (!kAtomicDQ) {
     for (std::int64_t i = 0; i < Tr; ++i) {
       const std::int64_t R = std::min<std::int64_t>(bwd::kBr, p.Nq - i * bwd::kBr);
-      const std::int64_t n = ceil_div(p.visible_keys(i * bwd::kBr + R - 1), bwd::kBc);
-      const std::int64_t C = std::min(n * bwd::kBc, p.Nk);
+      const std::int64_t n = ceil_div(p.visible_keys(i * bwd::kBr + R - 1), bwd::kDQBc);
+      const std::int64_t C = std::min(n * bwd::kDQBc, p.Nk);
       head.hbm_read_bytes += 2 * R * d * e + 2 * R * kFloatBytes + 2 * C * d * e;
       head.hbm_write_bytes += R * d * e;
       head.sram_write_bytes += 2 * R * d * e + 2 * C * d * e;

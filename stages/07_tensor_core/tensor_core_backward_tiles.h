@@ -10,16 +10,29 @@
 
 namespace flashstep::tensor_core::bwd {
 
-/// Keys per K/V block (the paper's Bc): 4 key groups of 16, one m16 tile of
-/// rows each. A warp owns one key group for the whole life of the block
-/// (Kj, Vj, and the rows of dK_j and dV_j it accumulates), so the block's
-/// Bc is 16 times the key groups.
-inline constexpr int kKeyGroups = 4;
-inline constexpr int kBc = 16 * kKeyGroups;
+/// Key groups of 16 keys per K/V block, one m16 tile of rows each: 8 up to
+/// d = 128, 4 at d = 256. A warp owns one key group for the whole life of
+/// the block (Kj, Vj, and the rows of dK_j and dV_j it accumulates), so the
+/// block's Bc is 16 times the key groups and its registers per thread do not
+/// depend on Bc. Bc = 128 is FlashAttention-2's (Flash_bwd_kernel_traits<d,
+/// 64, 128, 8, ...>): each Q block that streams past is loaded, and its dQ
+/// added by atomics, once per 128 keys instead of per 64. With Bc = 64 the
+/// atomic variant sent the L2 twice FlashAttention-2's reductions (ncu, N =
+/// 4096: 403 M sectors against 201 M) and its dQ step took 40 % of the
+/// kernel. At d = 256 Bc = 128 would take 256 KiB of shared memory for Kj and
+/// Vj alone, so 64 there.
+constexpr int key_groups(int head_dim_bucket) { return head_dim_bucket > 128 ? 4 : 8; }
+/// Keys per K/V block of the (dK, dV) kernel: the paper's Bc.
+constexpr int block_keys(int head_dim_bucket) { return 16 * key_groups(head_dim_bucket); }
+/// The largest Bc of any bucket.
+inline constexpr int kMaxBc = 128;
 
-/// Query rows per streamed Q block (the paper's Br): 64, one m16 tile of
-/// query rows per key group in the dQ step (below).
+/// Query rows per streamed Q block (the paper's Br): 64, four m16 tiles of
+/// rows, one per row group of warps in the dQ step (below).
 inline constexpr int kBr = 64;
+/// Row groups of the dQ step: warp w takes query rows 16 (w % 4) .. of dQ_i,
+/// and columns by w / 4 (all of d with 4 warps, half with 8).
+inline constexpr int kDQRowGroups = kBr / 16;
 
 /// Queries per slice of the S_ij^T and dP_ij^T accumulators: a warp computes
 /// them for 32 queries at a time, 16 fp32 registers each, beside dK_j's and
@@ -36,7 +49,9 @@ inline constexpr int kQSlice = 32;
 constexpr int d_split(int head_dim_bucket) { return head_dim_bucket > 128 ? 2 : 1; }
 
 /// Warps per block of the main (dK, dV) kernel.
-constexpr int warps(int head_dim_bucket) { return kKeyGroups * d_split(head_dim_bucket); }
+constexpr int warps(int head_dim_bucket) {
+  return key_groups(head_dim_bucket) * d_split(head_dim_bucket);
+}
 
 /// Columns of dQ one warp computes at a time from dS_ij K_j (fp32
 /// accumulators, 16 registers), before its atomic adds: bounded so that the
@@ -47,9 +62,12 @@ constexpr int warps(int head_dim_bucket) { return kKeyGroups * d_split(head_dim_
 inline constexpr int kDQChunk = 32;
 
 /// The deterministic variant's dQ kernel: one block per (Q block, head), 4
-/// warps of 16 query rows (kBr = 64), streaming K/V blocks of kBc keys; its
+/// warps of 16 query rows (kBr = 64), streaming K/V blocks of kDQBc keys; its
 /// dQ accumulators take d / 2 registers per thread.
 inline constexpr int kDQWarps = 4;
+/// Keys per K/V block of the dQ kernel: 64, so that a warp's S and dP
+/// accumulators (16 x 64 each, 32 registers) fit beside dQ's at d = 256.
+inline constexpr int kDQBc = 64;
 
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
 /// block of several heads.
@@ -66,11 +84,11 @@ inline constexpr int kPrepRowsPerBlock = 8;
 /// with diag = q0 + Nk - Nq - key0. The kernels and the CPU mirror test
 /// every pair with these two functions.
 ///
-/// tile_diag clamps diag to +-2 (kBr + kBc): beyond that every pair (or no
-/// pair) of the tile is visible alike, and the offsets stay small ints.
+/// tile_diag clamps diag to +-2 (kBr + kMaxBc): beyond that every pair (or
+/// no pair) of the tile is visible alike, and the offsets stay small ints.
 FLASHSTEP_HOST_DEVICE constexpr int tile_diag(std::int64_t q0, std::int64_t key0, std::int64_t Nq,
                                               std::int64_t Nk) {
-  constexpr std::int64_t kClamp = 2 * (kBr + kBc);
+  constexpr std::int64_t kClamp = 2 * (kBr + kMaxBc);
   const std::int64_t diag = q0 + Nk - Nq - key0;
   return static_cast<int>(diag < -kClamp ? -kClamp : diag > kClamp ? kClamp : diag);
 }
@@ -80,10 +98,10 @@ FLASHSTEP_HOST_DEVICE constexpr bool visible(int key, int q, int keys_valid, boo
   return key < keys_valid && (!causal || key - q <= diag);
 }
 
-/// Whether every pair of the tile is visible (no mask to apply): all keys
-/// real, and, causal, the last key against the first query visible.
-FLASHSTEP_HOST_DEVICE constexpr bool whole_tile(int keys_valid, bool causal, int diag) {
-  return keys_valid == kBc && (!causal || kBc - 1 <= diag);
+/// Whether every pair of a tile of Bc keys is visible (no mask to apply):
+/// all keys real, and, causal, the last key against the first query visible.
+FLASHSTEP_HOST_DEVICE constexpr bool whole_tile(int keys_valid, int Bc, bool causal, int diag) {
+  return keys_valid == Bc && (!causal || Bc - 1 <= diag);
 }
 
 /// The first query row that sees key key0 (0 unless causal; Nq or more when
