@@ -281,20 +281,22 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   CHECK(deterministic->backward_model(p).matmul_flops == 14 * n2d);
   p.d = 256;  // both warps of a key group compute S^T and dP^T
   CHECK(atomic->backward_model(p).matmul_flops == 14 * 4 * n2d);
-  // Causal, 128-key K/V blocks, 64-row Q blocks: K/V block j skips the 2 j Q
-  // blocks above the diagonal. At d = 256 the K/V blocks are 64 keys.
+  // Causal, 64 x 64 blocks: K/V block j skips the j Q blocks above the
+  // diagonal. At d = 128 the K/V blocks are 128 keys: block j skips 2 j.
   p.d = 64;
   p.causal = true;
-  CHECK(atomic->backward_model(p).skipped_tiles == 0 + 2);
-  p.d = 256;
   CHECK(atomic->backward_model(p).skipped_tiles == 0 + 1 + 2 + 3);
-  // The atomic variant writes 4 bytes per dQ element and visited K/V block
-  // (two of 128 keys), and 4 more zeroing the accumulator; its conversion
-  // writes dQ as often as dq_kernel does.
-  p.d = 64;
+  p.d = 128;
+  CHECK(atomic->backward_model(p).skipped_tiles == 0 + 2);
+  // The atomic variant writes 4 bytes per dQ element and visited K/V block,
+  // and 4 more zeroing the accumulator; its conversion writes dQ as often as
+  // dq_kernel does. Four K/V blocks at d = 64, two at d = 128.
   p.causal = false;
-  const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
-  CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 2 * 256 * 64 * 4 + 256 * 64 * 4);
+  for (auto [d, kv_blocks] : {std::pair<std::int64_t, std::int64_t>{64, 4}, {128, 2}}) {
+    p.d = d;
+    const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
+    CHECK(a.hbm_write_bytes - det.hbm_write_bytes == kv_blocks * 256 * d * 4 + 256 * d * 4);
+  }
 }
 
 TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the contract says so") {
@@ -302,7 +304,7 @@ TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the c
   // Ragged edges, Nq > Nk (rows that see no key) and Nq < Nk (keys no row
   // sees), and one shape far past the clamp of tile_diag; every K/V block
   // width the kernels use (the dK, dV kernel's per bucket, the dQ kernel's).
-  for (int Bc : {bwd::block_keys(64), bwd::block_keys(256), bwd::kDQBc}) {
+  for (int Bc : {bwd::block_keys(64), bwd::block_keys(128), bwd::kDQBc}) {
     for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {130, 67}, {67, 130},
                           {200, 200}, {64, 1000}, {1000, 64}, {255, 257}}) {
       for (bool causal : {false, true}) {

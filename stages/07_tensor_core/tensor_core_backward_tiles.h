@@ -10,18 +10,23 @@
 
 namespace flashstep::tensor_core::bwd {
 
-/// Key groups of 16 keys per K/V block, one m16 tile of rows each: 8 up to
-/// d = 128, 4 at d = 256. A warp owns one key group for the whole life of
-/// the block (Kj, Vj, and the rows of dK_j and dV_j it accumulates), so the
-/// block's Bc is 16 times the key groups and its registers per thread do not
-/// depend on Bc. Bc = 128 is FlashAttention-2's (Flash_bwd_kernel_traits<d,
-/// 64, 128, 8, ...>): each Q block that streams past is loaded, and its dQ
-/// added by atomics, once per 128 keys instead of per 64. With Bc = 64 the
-/// atomic variant sent the L2 twice FlashAttention-2's reductions (ncu, N =
-/// 4096: 403 M sectors against 201 M) and its dQ step took 40 % of the
-/// kernel. At d = 256 Bc = 128 would take 256 KiB of shared memory for Kj and
-/// Vj alone, so 64 there.
-constexpr int key_groups(int head_dim_bucket) { return head_dim_bucket > 128 ? 4 : 8; }
+/// Key groups of 16 keys per K/V block, one m16 tile of rows each: 8 at
+/// d = 128, 4 at d = 64 and 256. A warp owns one key group for the whole
+/// life of the block (Kj, Vj, and the rows of dK_j and dV_j it accumulates),
+/// so the block's Bc is 16 times the key groups and its registers per thread
+/// do not depend on Bc.
+/// - d = 128: Bc = 128 with 8 warps, FlashAttention-2's choice
+///   (Flash_bwd_kernel_traits<128, 64, 128, 8, ...>). Each Q block that
+///   streams past is loaded, and its dQ added by atomics, once per 128 keys
+///   instead of per 64: half the L2 reductions (ncu, N = 4096: 403 M sectors
+///   to 201 M) and the atomic backward 10 % faster.
+/// - d = 64: Bc = 64 with 4 warps. Bc = 128 halved the reductions there too
+///   but took the SM from three blocks of 4 warps to one of 8 (218 registers
+///   a thread), and was no faster for the atomic variant (6.57 ms to 6.64)
+///   and 15 % slower for the deterministic one (3.85 to 4.43 ms).
+/// - d = 256: Bc = 64; Bc = 128 would take 256 KiB of shared memory for Kj
+///   and Vj alone.
+constexpr int key_groups(int head_dim_bucket) { return head_dim_bucket == 128 ? 8 : 4; }
 /// Keys per K/V block of the (dK, dV) kernel: the paper's Bc.
 constexpr int block_keys(int head_dim_bucket) { return 16 * key_groups(head_dim_bucket); }
 /// The largest Bc of any bucket.
