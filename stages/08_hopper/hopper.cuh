@@ -11,10 +11,14 @@
 // memory through matrix descriptors (no ldmatrix, no fragments loaded by the
 // threads):
 //
-//   S_ij [64 x 64]  = Qi [64 x d] Kj^T          d/16 x wgmma m64n64k16, A and B in smem
-//   O~_i [64 x d]  += P~_ij [64 x 64] Vj         d/64 column blocks x 4 x wgmma
+//   S_ij [64 x Bc]  = Qi [64 x d] Kj^T          d/16 x wgmma m64nBck16, A and B in smem
+//   O~_i [64 x d]  += P~_ij [64 x Bc] Vj         d/64 column blocks x Bc/16 x wgmma
 //                                                m64n64k16, A (P~) in registers,
 //                                                B (Vj) in smem, transposed
+//
+// Bc = key_tile(d bucket) keys per K/V tile: 128 at d = 64 and 128 (one
+// m64n128k16 chain for S, 8 k16 steps for P~ Vj), 64 at d = 256
+// (hopper_tiles.h says why).
 //
 // Warp w of the warpgroup holds rows 16w .. 16w + 15 of S and O~ (common/
 // sm90_layout.h draws which thread holds which element): within a warp the
@@ -68,6 +72,8 @@ template <int kHeadDim_, bool kTma_>
 struct Config {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kTma = kTma_;
+  static constexpr int kBc = key_tile(kHeadDim);                        // keys per K/V tile
+  static constexpr int kSRegs = kBc / 2;  // S's fp32 accumulators per thread (m64 x kBc)
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;  // 64-wide blocks of d
   static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;            // k16 steps of Qi Kj^T
   static constexpr int kPVSteps = kBc / sm90::kWgmmaK;                  // k16 steps of P~ Vj
@@ -81,6 +87,7 @@ struct Config {
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kQBytes + 2 * kKVBuffers * kKVBytes + kBarrierBytes;
   static_assert(kHeadDim % sm90::kSwizzleRowElems == 0, "d is padded to whole column blocks");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "Qi and the K/V buffers fit one block");
   static_assert(kBr == sm90::kWgmmaM && kThreads == sm90::kWarpgroupThreads,
                 "one warpgroup, one m64 wgmma tall");
 };
@@ -114,11 +121,13 @@ __device__ inline void load_tile(unsigned char* tile, const Elem* src, int rows_
 }
 
 /// Issues line 8, S = Qi Kj^T (times -1 when the scale is negative), as
-/// one wgmma-group without waiting: a chain of kQKSteps wgmma reading both
-/// operands through K-major descriptors; step kk starts in column block
-/// kk / 4, 32 bytes per k16 step into its rows. The caller fences first.
+/// one wgmma-group without waiting: a chain of kQKSteps m64nBck16 wgmma
+/// reading both operands through K-major descriptors; step kk starts in
+/// column block kk / 4, 32 bytes per k16 step into its rows. The caller
+/// fences first.
 template <typename Elem, typename C, int kScaleA>
-__device__ inline void issue_qk(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
+__device__ inline void issue_qk(float (&S)[C::kSRegs], std::uint32_t q_addr,
+                                std::uint32_t k_addr) {
 #pragma unroll
   for (int kk = 0; kk < C::kQKSteps; ++kk) {
     const std::uint32_t step = kk / 4, in_row = kk % 4 * 2 * sm90::kWgmmaK;
@@ -127,16 +136,17 @@ __device__ inline void issue_qk(float (&S)[32], std::uint32_t q_addr, std::uint3
         sm90::make_descriptor(q_addr + step * kBr * sm90::kSwizzleRowBytes + in_row, 16,
                               sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
     const std::uint64_t b =
-        sm90::make_descriptor(k_addr + step * kBc * sm90::kSwizzleRowBytes + in_row, 16,
+        sm90::make_descriptor(k_addr + step * C::kBc * sm90::kSwizzleRowBytes + in_row, 16,
                               sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
-    sm90::wgmma_m64n64k16_ss<Elem, kScaleA, 0>(S, a, b, kk > 0);
+    sm90::wgmma_m64nNk16_ss<Elem, C::kBc, kScaleA, 0>(S, a, b, kk > 0);
   }
   sm90::wgmma_commit();
 }
 
 /// Line 8, waited for (steps 1-4).
 template <typename Elem, typename C, int kScaleA>
-__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
+__device__ inline void qk_product(float (&S)[C::kSRegs], std::uint32_t q_addr,
+                                  std::uint32_t k_addr) {
   sm90::wgmma_fence();  // S was last written by the softmax
   issue_qk<Elem, C, kScaleA>(S, q_addr, k_addr);
   sm90::wgmma_wait<0>();
@@ -147,8 +157,8 @@ __device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uin
 /// outside the fence and the chain: a branch between two wgmma of a chain
 /// makes ptxas wait for the earlier ones (C7519).
 template <typename Elem, typename C>
-__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr,
-                                  bool negate_q) {
+__device__ inline void qk_product(float (&S)[C::kSRegs], std::uint32_t q_addr,
+                                  std::uint32_t k_addr, bool negate_q) {
   if (negate_q) {
     qk_product<Elem, C, -1>(S, q_addr, k_addr);
   } else {
@@ -160,7 +170,7 @@ __device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uin
 /// packed in pairs, k16 step kk in a[kk] (sm90_layout.h's
 /// p_source_register says which register goes where).
 template <typename Elem, typename C>
-__device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&S)[32]) {
+__device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&S)[C::kSRegs]) {
 #pragma unroll
   for (int kk = 0; kk < C::kPVSteps; ++kk) {
 #pragma unroll
@@ -172,10 +182,10 @@ __device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&
 }
 
 /// Issues line 10's product, O~ += P~ Vj, as one wgmma-group, without
-/// waiting: for each 64-wide column block cb of d, a chain of 4 wgmma over
-/// the keys, B being Vj's column block read MN-major (keys along k, 16 keys
-/// = 2 swizzle atoms = 2048 bytes per step) with the transpose bit. The
-/// caller fences first.
+/// waiting: for each 64-wide column block cb of d, a chain of kPVSteps
+/// (Bc / 16) wgmma over the keys, B being Vj's column block ([Bc] rows of
+/// 128 bytes) read MN-major (keys along k, 16 keys = 2 swizzle atoms = 2048
+/// bytes per step) with the transpose bit. The caller fences first.
 template <typename Elem, typename C>
 __device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
                                 const std::uint32_t (&a)[C::kPVSteps][4], std::uint32_t v_addr) {
@@ -184,8 +194,9 @@ __device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
 #pragma unroll
     for (int kk = 0; kk < C::kPVSteps; ++kk) {
       const std::uint64_t b = sm90::make_descriptor(
-          v_addr + cb * kBc * sm90::kSwizzleRowBytes + kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes,
-          kBc * sm90::kSwizzleRowBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+          v_addr + cb * C::kBc * sm90::kSwizzleRowBytes +
+              kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes,
+          C::kBc * sm90::kSwizzleRowBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
       sm90::wgmma_m64n64k16_rs<Elem, 1>(O[cb], a[kk], b, 1);
     }
   }
@@ -196,7 +207,7 @@ __device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
 /// register written between two wgmma makes ptxas wait for the earlier ones
 /// (it says so: "warpgroup.arrive is injected", C7519).
 template <typename Elem, typename C>
-__device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S)[32],
+__device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S)[C::kSRegs],
                                   std::uint32_t v_addr) {
   std::uint32_t a[C::kPVSteps][4];
   pack_p<Elem, C>(a, S);
@@ -207,12 +218,14 @@ __device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S
   for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
 }
 
-/// Keys past Nk or, causal, past the row's last visible key -> -inf.
-/// keys_seen[h]: keys visible to this thread's row h (0: row g, 1: g + 8).
-__device__ inline void mask_scores(float (&S)[32], int key0, const int (&keys_seen)[2]) {
+/// Keys past Nk or, causal, past the row's last visible key -> -inf, in a
+/// tile of kSRegs * 2 keys from key0 on. keys_seen[h]: keys visible to this
+/// thread's row h (0: row g, 1: g + 8).
+template <int kSRegs>
+__device__ inline void mask_scores(float (&S)[kSRegs], int key0, const int (&keys_seen)[2]) {
   const int t = threadIdx.x % 4;
 #pragma unroll
-  for (int r = 0; r < 32; ++r) {
+  for (int r = 0; r < kSRegs; ++r) {
     const int col = 8 * (r / 4) + 2 * t + r % 2;  // sm90::accumulator_coord's column
     if (col >= keys_seen[r % 4 / 2] - key0) S[r] = -INFINITY;
   }
@@ -224,14 +237,15 @@ __device__ inline void mask_scores(float (&S)[32], int key0, const int (&keys_se
 /// row (the quad's four shares are summed at the end). Returns in alpha the
 /// factors 2^(m_old - m_new) O~ must be rescaled by, and whether any row of
 /// the warp moved its max (when none did, every factor is exactly 1).
-__device__ inline bool softmax_scores(float (&S)[32], float (&m)[2], float (&l)[2],
+template <int kSRegs>
+__device__ inline bool softmax_scores(float (&S)[kSRegs], float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], float scale_log2) {
   bool moved = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float raw = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kSRegs / 4; ++nt) {
       raw = fmaxf(raw, fmaxf(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]));
     }
     raw = fmaxf(raw, __shfl_xor_sync(kFullWarpMask, raw, 1));
@@ -243,7 +257,7 @@ __device__ inline bool softmax_scores(float (&S)[32], float (&m)[2], float (&l)[
     m[h] = m_new;
     float sum = 0.0f;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kSRegs / 4; ++nt) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
         S[4 * nt + e] = sm80::fast_exp2(fmaf(S[4 * nt + e], scale_log2, -m_sub));
@@ -268,7 +282,7 @@ __device__ inline void rescale_output(float (&O)[C::kColBlocks][32], const float
 /// Lines 9-10 up to the product: the scores' softmax, then O~'s rescale
 /// unless no row of the warp moved its max.
 template <typename C>
-__device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][32],
+__device__ inline void online_softmax(float (&S)[C::kSRegs], float (&O)[C::kColBlocks][32],
                                       float (&m)[2], float (&l)[2], float scale_log2) {
   float alpha[2];
   if (softmax_scores(S, m, l, alpha, scale_log2)) rescale_output<C>(O, alpha);
@@ -315,7 +329,8 @@ __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int 
 }
 
 /// The tensor maps of Q, K and V for TMA (step 2): 3-D, (d, rows, heads),
-/// boxes of 64 columns x 64 rows x 1 head, 128-byte swizzle, zeros outside.
+/// boxes of 64 columns x 1 head x kBr rows (Q) or Bc rows (K, V), 128-byte
+/// swizzle, zeros outside.
 struct TensorMaps {
   CUtensorMap q, k, v;
 };
@@ -326,7 +341,7 @@ struct TensorMaps {
 /// array of pointers, which a run-time index would put on the stack.
 template <typename C>
 struct Smem {
-  unsigned char* base;  // Qi [kBr] x d, then kKVBuffers x (Kj [kBc] x d, Vj [kBc] x d)
+  unsigned char* base;  // Qi [kBr] x d, then kKVBuffers x (Kj [Bc] x d, Vj [Bc] x d)
 
   __device__ explicit Smem(unsigned char* raw)
       : base(raw + (sm90::kSwizzleAtomBytes - sm90::smem_address(raw) % sm90::kSwizzleAtomBytes) %
@@ -363,7 +378,7 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
   }
   const int block_keys = keys_seen_by(q_row0 + rows - 1);  // the most any row sees
   const int unmasked_keys = keys_seen_by(q_row0);          // the fewest
-  const int n_blocks = block_keys == 0 ? 0 : (block_keys - 1) / kBc + 1;
+  const int n_blocks = block_keys == 0 ? 0 : (block_keys - 1) / C::kBc + 1;
 
   float O[C::kColBlocks][32];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -379,10 +394,10 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
     sm90::mbarrier_arrive_expect_tx(s.kv_full(b), 2 * C::kKVBytes);
 #pragma unroll
     for (int cb = 0; cb < C::kColBlocks; ++cb) {
-      sm90::tma_load_3d(s.Kj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.k, s.kv_full(b),
-                        64 * cb, j * kBc, head);
-      sm90::tma_load_3d(s.Vj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.v, s.kv_full(b),
-                        64 * cb, j * kBc, head);
+      sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.kv_full(b),
+                        64 * cb, j * C::kBc, head);
+      sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.kv_full(b),
+                        64 * cb, j * C::kBc, head);
     }
   };
 
@@ -406,21 +421,21 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
   const std::uint32_t q_addr = sm90::smem_address(s.Qi());
 
   for (int j = n_blocks - 1; j >= 0; --j) {                                // line 6
-    const int key0 = j * kBc;
+    const int key0 = j * C::kBc;
     const int b = C::kTma ? tiles_done % kStages : 0;
     if constexpr (C::kTma) {
       sm90::mbarrier_wait(s.kv_full(b), tiles_done / kStages % 2);         // line 7
     } else {
       const Elem* Kj = p.K + (bh * p.Nk + key0) * p.d;  // [min(Bc, Nk - key0), d]
       const Elem* Vj = p.V + (bh * p.Nk + key0) * p.d;  // [min(Bc, Nk - key0), d]
-      load_tile<Elem, kBc, C::kHeadDim>(s.Kj(0), Kj, p.Nk - key0, p.d, p.vec);
-      load_tile<Elem, kBc, C::kHeadDim>(s.Vj(0), Vj, p.Nk - key0, p.d, p.vec);
+      load_tile<Elem, C::kBc, C::kHeadDim>(s.Kj(0), Kj, p.Nk - key0, p.d, p.vec);
+      load_tile<Elem, C::kBc, C::kHeadDim>(s.Vj(0), Vj, p.Nk - key0, p.d, p.vec);
       sm90::fence_proxy_async_shared();  // ordinary stores, then wgmma reads them
       __syncthreads();
     }
-    float S[32];
+    float S[C::kSRegs];
     qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);  // line 8
-    if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+    if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
     online_softmax<C>(S, O, m, l, p.scale_log2);                            // lines 9-10
     pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));                 // line 10
     __syncthreads();  // every warp's wgmmas are done with buffer b
@@ -480,6 +495,8 @@ struct WsConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kStep >= Step::kPingPong;
   static constexpr bool kOverlap = kStep >= Step::kIntraOverlap;
+  static constexpr int kBc = key_tile(kHeadDim);  // keys per K/V tile
+  static constexpr int kSRegs = kBc / 2;          // S's fp32 accumulators per thread
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
   static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;
   static constexpr int kPVSteps = kBc / sm90::kWgmmaK;
@@ -491,6 +508,7 @@ struct WsConfig {
   static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
   static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
                                     2 * kStages * kKVBytes + kBarrierBytes;
+  static_assert(kSmemBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
   // Arrivals that free a buffer: every thread of both consumers, each after
   // its own wgmma_wait<0> (which covers its whole warpgroup's products).
   static constexpr int kConsumerThreads = kConsumers * kThreads;
@@ -545,10 +563,10 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
       sm90::mbarrier_wait(s.empty(b), tiles / kStages % 2 ^ 1);
       sm90::mbarrier_arrive_expect_tx(s.full(b), 2 * C::kKVBytes);
       for (int cb = 0; cb < C::kColBlocks; ++cb) {
-        sm90::tma_load_3d(s.Kj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.k, s.full(b), 64 * cb,
-                          j * kBc, head);
-        sm90::tma_load_3d(s.Vj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.v, s.full(b), 64 * cb,
-                          j * kBc, head);
+        sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.full(b),
+                          64 * cb, j * C::kBc, head);
+        sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.full(b),
+                          64 * cb, j * C::kBc, head);
       }
     }
   }
@@ -560,7 +578,8 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
 /// while the second is in flight; O~'s rescale by the new factors waits for
 /// it. Row for row the same operations in the same order as steps 1-4:
 /// O~ is rescaled by tile j + 1's factors before P~_{j+1} V_{j+1} is added,
-/// and by tile j's after. Costs P~_{j+1} in 16 packed registers beside S_j.
+/// and by tile j's after. Costs P~_{j+1} in Bc / 4 packed registers (32 at
+/// Bc = 128) beside S_j.
 template <typename Elem, typename C, typename Turn, typename Pass>
 __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& s,
                                         std::uint32_t q_addr, int n_blocks, int unmasked_keys,
@@ -570,17 +589,19 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
   if (n_blocks == 0) return;
   float alpha[2];
   // The last visited tile alone: its scores, softmax and rescale.
-  float S[32];
+  float S[C::kSRegs];
   int b_prev = tiles % kStages;
   sm90::mbarrier_wait(s.full(b_prev), tiles / kStages % 2);
   my_turn();
   qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b_prev)), p.negate_q);
   your_turn();
-  if (unmasked_keys - (n_blocks - 1) * kBc < kBc) mask_scores(S, (n_blocks - 1) * kBc, keys_seen);
+  if (unmasked_keys - (n_blocks - 1) * C::kBc < C::kBc) {
+    mask_scores(S, (n_blocks - 1) * C::kBc, keys_seen);
+  }
   if (softmax_scores(S, m, l, alpha, p.scale_log2)) rescale_output<C>(O, alpha);
   ++tiles;
   for (int j = n_blocks - 2; j >= 0; --j, ++tiles) {
-    const int key0 = j * kBc;
+    const int key0 = j * C::kBc;
     const int b = tiles % kStages;
     std::uint32_t a[C::kPVSteps][4];
     pack_p<Elem, C>(a, S);  // P~_{j+1}, before the fence
@@ -603,7 +624,7 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
     your_turn();
     sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
     sm90::fence_accumulators(S);
-    if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+    if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
     const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
     sm90::wgmma_wait<0>();
 #pragma unroll
@@ -665,14 +686,14 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
                                 my_turn, your_turn);
     } else {
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
-        const int key0 = j * kBc;
+        const int key0 = j * C::kBc;
         const int b = tiles % kStages;
         sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
-        float S[32];
+        float S[C::kSRegs];
         my_turn();
         qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);
         your_turn();  // the other consumer's product runs under this softmax
-        if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+        if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
         online_softmax<C>(S, O, m, l, p.scale_log2);
         my_turn();
         pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
@@ -701,7 +722,7 @@ __device__ inline WsBlock ws_block(const Params<Elem>& p) {
   const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
   const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
   const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
-  return {row0, keys == 0 ? 0 : (keys - 1) / kBc + 1};
+  return {row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
 }
 
 /// Step 3's kernel: one block of three warpgroups per (Q block of 128

@@ -56,9 +56,19 @@ constexpr int consumer_warpgroups(Step step) { return step >= Step::kWarpSpecial
 /// Rows of Q per consumer warpgroup: one m64 wgmma tall. A block holds
 /// consumer_warpgroups(step) x kBr rows of Q (the paper's Br).
 inline constexpr int kBr = 64;
-/// Keys per K/V tile (the paper's Bc): one n64 wgmma wide for S, and one
-/// 128-byte swizzle row of Vj's column blocks for O += P V.
-inline constexpr int kBc = 64;
+/// Keys per K/V tile (the paper's Bc) of a head-dimension bucket, every step
+/// alike; S = Qi Kj^T is one m64nBck16 wgmma chain wide, and O~ += P~ Vj a
+/// chain of Bc / 16 k16 steps. FlashAttention-3's choices (its
+/// hopper/tile_size.h), for the same reason: each product must be long
+/// enough for ping-pong and the in-consumer overlap to hide a softmax under.
+/// - d = 64 and 128: 128 keys, m64n128k16 for S. A consumer thread holds S
+///   (64 fp32), P~ (32 packed) and O~ (32 or 64 fp32) inside its 232
+///   registers; two buffers of Kj and Vj take 64 or 128 KiB beside Qi's 16
+///   or 32 KiB.
+/// - d = 256: 64 keys, m64n64k16. O~ alone is 128 registers, and S of 128
+///   keys beside it would leave the softmax none; two buffers of 128-key
+///   Kj and Vj would take 256 KiB, more than the 227 KiB a block may have.
+constexpr int key_tile(int head_dim_bucket) { return head_dim_bucket <= 128 ? 128 : 64; }
 /// Threads per warpgroup, and per block in steps 1-2.
 inline constexpr int kThreads = 128;
 /// Threads per block from step 3: the producer and two consumer warpgroups.
@@ -71,9 +81,14 @@ inline constexpr int kProducerRegs = 40;
 inline constexpr int kConsumerRegs = 232;
 /// K/V buffers of the TMA pipeline (step 2): two, so that the next tile's
 /// copy runs under this tile's products and softmax. At d = 256 two stages
-/// of Kj and Vj take 128 KiB beside Qi's 32 KiB, inside the 227 KiB a block
-/// may have.
+/// of Kj and Vj (64 keys) take 128 KiB beside the two consumers' 64 KiB of
+/// Qi, inside the 227 KiB a block may have; at d = 128, 128 KiB (128 keys)
+/// beside 32 KiB.
 inline constexpr int kStages = 2;
+
+/// Shared memory one block may opt in to on sm_90 (227 KiB): the kernels'
+/// budgets are checked against it at compile time.
+inline constexpr int kMaxSmemBytes = 227 * 1024;
 
 /// log2(e) and ln(2), as in stage 07: exponentials as exp2, scale folded in.
 inline constexpr double kLog2e = 1.4426950408889634;
