@@ -145,16 +145,20 @@ TEST_CASE("stage 08's descriptors name the elements its swizzled tiles hold, d =
         }
       }
     }
-    // O += P V, column block cb, k16 step kk < Bc / 16: B(k, n) = Vj[16 kk + k][64 cb + n].
-    for (int cb = 0; cb < D / 64; ++cb) {
+    // O += P V, chain c of No = out_tile(D) columns (64 or 128: one or two
+    // column blocks, LBO = one column block of Bc rows apart), k16 step
+    // kk < Bc / 16: B(k, n) = Vj[16 kk + k][No c + n].
+    const int No = flashstep::hopper::out_tile(D);
+    CAPTURE(No);
+    for (int c = 0; c < D / No; ++c) {
       for (int kk = 0; kk < Bc / 16; ++kk) {
-        const std::uint32_t start = kBase + cb * Bc * 128 + kk * 16 * 128;
+        const std::uint32_t start = kBase + c * (No / 64) * Bc * 128 + kk * 16 * 128;
         const std::uint64_t desc =
             sm90::make_descriptor(start, Bc * 128, 1024, sm90::Swizzle::k128B);
         for (int k = 0; k < 16; ++k) {
-          for (int n = 0; n < 64; ++n) {
+          for (int n = 0; n < No; ++n) {
             const auto want = kBase + static_cast<std::uint32_t>(
-                                          sm90::swizzle128_offset(16 * kk + k, 64 * cb + n, Bc));
+                                          sm90::swizzle128_offset(16 * kk + k, No * c + n, Bc));
             REQUIRE(sm90::mn_major_address(desc, k, n) == want);
           }
         }

@@ -12,13 +12,13 @@
 // threads):
 //
 //   S_ij [64 x Bc]  = Qi [64 x d] Kj^T          d/16 x wgmma m64nBck16, A and B in smem
-//   O~_i [64 x d]  += P~_ij [64 x Bc] Vj         d/64 column blocks x Bc/16 x wgmma
-//                                                m64n64k16, A (P~) in registers,
-//                                                B (Vj) in smem, transposed
+//   O~_i [64 x d]  += P~_ij [64 x Bc] Vj         d/No chains x Bc/16 x wgmma m64nNok16
+//                                                (No = min(d, 128)), A (P~) in
+//                                                registers, B (Vj) in smem, transposed
 //
 // Bc = key_tile(d bucket) keys per K/V tile: 128 at d = 64 and 128 (one
-// m64n128k16 chain for S, 8 k16 steps for P~ Vj), 64 at d = 256
-// (hopper_tiles.h says why).
+// m64n128k16 chain for S, 8 k16 steps for P~ Vj), 64 at d = 256; No =
+// out_tile(d bucket) columns of O~ per wgmma (hopper_tiles.h says why).
 //
 // Warp w of the warpgroup holds rows 16w .. 16w + 15 of S and O~ (common/
 // sm90_layout.h draws which thread holds which element): within a warp the
@@ -77,6 +77,9 @@ struct Config {
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;  // 64-wide blocks of d
   static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;            // k16 steps of Qi Kj^T
   static constexpr int kPVSteps = kBc / sm90::kWgmmaK;                  // k16 steps of P~ Vj
+  static constexpr int kOutN = out_tile(kHeadDim);        // columns of O~ per P~ Vj wgmma
+  static constexpr int kOutChains = kHeadDim / kOutN;     // P~ Vj chains, one per kOutN columns
+  static constexpr int kORegs = kOutN / 2;                // O~'s fp32 per thread per chain
   static constexpr int kKVBuffers = kTma ? kStages : 1;
   // Shared memory in bytes: Qi, then kKVBuffers of (Kj, Vj), each a
   // multiple of the 1024-byte swizzle atom; then the mbarriers.
@@ -182,22 +185,24 @@ __device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&
 }
 
 /// Issues line 10's product, O~ += P~ Vj, as one wgmma-group, without
-/// waiting: for each 64-wide column block cb of d, a chain of kPVSteps
-/// (Bc / 16) wgmma over the keys, B being Vj's column block ([Bc] rows of
-/// 128 bytes) read MN-major (keys along k, 16 keys = 2 swizzle atoms = 2048
-/// bytes per step) with the transpose bit. The caller fences first.
+/// waiting: for each chain c of kOutN columns of d, kPVSteps (Bc / 16)
+/// m64nNok16 wgmma over the keys, B being Vj's columns read MN-major with
+/// the transpose bit: keys along k, 16 keys = 2 swizzle atoms = 2048 bytes
+/// per step (SBO 1024 between 8-key atoms), the next 64 columns one column
+/// block ([Bc] rows of 128 bytes) further on (LBO). The caller fences first.
 template <typename Elem, typename C>
-__device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
+__device__ inline void issue_pv(float (&O)[C::kOutChains][C::kORegs],
                                 const std::uint32_t (&a)[C::kPVSteps][4], std::uint32_t v_addr) {
+  constexpr std::uint32_t kColBlockBytes = C::kBc * sm90::kSwizzleRowBytes;
 #pragma unroll
-  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+  for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
     for (int kk = 0; kk < C::kPVSteps; ++kk) {
       const std::uint64_t b = sm90::make_descriptor(
-          v_addr + cb * C::kBc * sm90::kSwizzleRowBytes +
+          v_addr + c * (C::kOutN / sm90::kSwizzleRowElems) * kColBlockBytes +
               kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes,
-          C::kBc * sm90::kSwizzleRowBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
-      sm90::wgmma_m64n64k16_rs<Elem, 1>(O[cb], a[kk], b, 1);
+          kColBlockBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+      sm90::wgmma_m64nNk16_rs<Elem, C::kOutN, 1>(O[c], a[kk], b, 1);
     }
   }
   sm90::wgmma_commit();
@@ -207,15 +212,15 @@ __device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
 /// register written between two wgmma makes ptxas wait for the earlier ones
 /// (it says so: "warpgroup.arrive is injected", C7519).
 template <typename Elem, typename C>
-__device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S)[C::kSRegs],
-                                  std::uint32_t v_addr) {
+__device__ inline void pv_product(float (&O)[C::kOutChains][C::kORegs],
+                                  const float (&S)[C::kSRegs], std::uint32_t v_addr) {
   std::uint32_t a[C::kPVSteps][4];
   pack_p<Elem, C>(a, S);
   sm90::wgmma_fence();  // O~ was rescaled and a[] written by ordinary instructions
   issue_pv<Elem, C>(O, a, v_addr);
   sm90::wgmma_wait<0>();
 #pragma unroll
-  for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
+  for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
 }
 
 /// Keys past Nk or, causal, past the row's last visible key -> -inf, in a
@@ -271,18 +276,19 @@ __device__ inline bool softmax_scores(float (&S)[kSRegs], float (&m)[2], float (
 
 /// Line 10's first half: O~ = diag(alpha) O~.
 template <typename C>
-__device__ inline void rescale_output(float (&O)[C::kColBlocks][32], const float (&alpha)[2]) {
+__device__ inline void rescale_output(float (&O)[C::kOutChains][C::kORegs],
+                                      const float (&alpha)[2]) {
 #pragma unroll
-  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+  for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
-    for (int r = 0; r < 32; ++r) O[cb][r] *= alpha[r % 4 / 2];
+    for (int r = 0; r < C::kORegs; ++r) O[c][r] *= alpha[r % 4 / 2];
   }
 }
 
 /// Lines 9-10 up to the product: the scores' softmax, then O~'s rescale
 /// unless no row of the warp moved its max.
 template <typename C>
-__device__ inline void online_softmax(float (&S)[C::kSRegs], float (&O)[C::kColBlocks][32],
+__device__ inline void online_softmax(float (&S)[C::kSRegs], float (&O)[C::kOutChains][C::kORegs],
                                       float (&m)[2], float (&l)[2], float scale_log2) {
   float alpha[2];
   if (softmax_scores(S, m, l, alpha, scale_log2)) rescale_output<C>(O, alpha);
@@ -294,7 +300,7 @@ __device__ inline void online_softmax(float (&S)[C::kSRegs], float (&O)[C::kColB
 /// A row that saw no key has l = 0: O = 0 and L = -inf.
 template <typename Elem, typename C>
 __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int q_row0,
-                                    const float (&O)[C::kColBlocks][32], const float (&m)[2],
+                                    const float (&O)[C::kOutChains][C::kORegs], const float (&m)[2],
                                     const float (&l)[2]) {
   const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -308,11 +314,11 @@ __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int 
     if (row >= p.Nq - q_row0) continue;
     Elem* Orow = p.O + (bh * p.Nq + q_row0 + row) * p.d;  // [d]
 #pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+    for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int col = 64 * cb + 8 * nt + 2 * t;
-        const float o0 = O[cb][4 * nt + 2 * h] * inv, o1 = O[cb][4 * nt + 2 * h + 1] * inv;
+      for (int nt = 0; nt < C::kORegs / 4; ++nt) {
+        const int col = C::kOutN * c + 8 * nt + 2 * t;
+        const float o0 = O[c][4 * nt + 2 * h] * inv, o1 = O[c][4 * nt + 2 * h + 1] * inv;
         if (p.pairs && col < p.d) {
           *reinterpret_cast<std::uint32_t*>(Orow + col) = sm90::pack2<Elem>(o0, o1);
         } else {
@@ -380,12 +386,12 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
   const int unmasked_keys = keys_seen_by(q_row0);          // the fewest
   const int n_blocks = block_keys == 0 ? 0 : (block_keys - 1) / C::kBc + 1;
 
-  float O[C::kColBlocks][32];
+  float O[C::kOutChains][C::kORegs];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+  for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
-    for (int r = 0; r < 32; ++r) O[cb][r] = 0.0f;
+    for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
   }
 
   const int head = static_cast<int>(bh);
@@ -500,6 +506,9 @@ struct WsConfig {
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
   static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;
   static constexpr int kPVSteps = kBc / sm90::kWgmmaK;
+  static constexpr int kOutN = out_tile(kHeadDim);
+  static constexpr int kOutChains = kHeadDim / kOutN;
+  static constexpr int kORegs = kOutN / 2;
   static constexpr int kConsumers = consumer_warpgroups(kStep);
   static constexpr int kBlockRows = kConsumers * kBr;  // rows of Q per block
   static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
@@ -584,7 +593,7 @@ template <typename Elem, typename C, typename Turn, typename Pass>
 __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& s,
                                         std::uint32_t q_addr, int n_blocks, int unmasked_keys,
                                         const int (&keys_seen)[2], unsigned& tiles,
-                                        float (&O)[C::kColBlocks][32], float (&m)[2],
+                                        float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
                                         float (&l)[2], Turn my_turn, Pass your_turn) {
   if (n_blocks == 0) return;
   float alpha[2];
@@ -628,7 +637,7 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
     const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
     sm90::wgmma_wait<0>();
 #pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
+    for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
     sm90::mbarrier_arrive(s.empty(b_prev));  // done with tile j + 1's buffer
     if (moved) rescale_output<C>(O, alpha);
     b_prev = b;
@@ -672,12 +681,12 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
   };
   unsigned tiles = 0, heads = 0;
   for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
-    float O[C::kColBlocks][32];
+    float O[C::kOutChains][C::kORegs];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+    for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
-      for (int r = 0; r < 32; ++r) O[cb][r] = 0.0f;
+      for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
     }
     sm90::mbarrier_wait(s.q_full(), heads % 2);
     if (w == 1) your_turn();  // consumer 0 goes first

@@ -69,6 +69,13 @@ inline constexpr int kBr = 64;
 ///   keys beside it would leave the softmax none; two buffers of 128-key
 ///   Kj and Vj would take 256 KiB, more than the 227 KiB a block may have.
 constexpr int key_tile(int head_dim_bucket) { return head_dim_bucket <= 128 ? 128 : 64; }
+/// Columns of O~ per wgmma of O~ += P~ Vj, for a head-dimension bucket: all
+/// of d up to 128 (m64n64k16 at d = 64, m64n128k16 at d = 128, as
+/// FlashAttention-3 takes n = d): the wider the instruction, the fewer of
+/// them and the fewer times P~'s A registers are passed. At d = 256 two
+/// chains of n128: the same registers as one n256, with half the operands
+/// in one asm statement.
+constexpr int out_tile(int head_dim_bucket) { return head_dim_bucket < 128 ? head_dim_bucket : 128; }
 /// Threads per warpgroup, and per block in steps 1-2.
 inline constexpr int kThreads = 128;
 /// Threads per block from step 3: the producer and two consumer warpgroups.

@@ -217,6 +217,44 @@ __device__ inline void wgmma_m64nNk16_ss(float (&acc)[kN / 2], std::uint64_t des
   }
 }
 
+/// The same as wgmma_m64n64k16_rs, 128 columns wide: acc (m64 x n128 fp32)
+/// += A (m64 x k16, in registers) * B (k16 x n128). An MN-major B descriptor
+/// names two 64-column blocks, LBO apart: 128 columns of Vj for O~ += P~ Vj
+/// (d = 128), P~'s registers passed once for all of them.
+template <typename Elem, int kTransposeB>
+__device__ inline void wgmma_m64n128k16_rs(float (&acc)[64], const std::uint32_t (&a)[4],
+                                           std::uint64_t desc_b, int accumulate) {
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHSTEP_ACC64_PLACES
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : FLASHSTEP_ACC64(acc)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate),
+          "n"(kTransposeB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FLASHSTEP_ACC64_PLACES
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : FLASHSTEP_ACC64(acc)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate),
+          "n"(kTransposeB));
+  }
+}
+
+/// A in registers, kN (64 or 128) columns wide.
+template <typename Elem, int kN, int kTransposeB>
+__device__ inline void wgmma_m64nNk16_rs(float (&acc)[kN / 2], const std::uint32_t (&a)[4],
+                                         std::uint64_t desc_b, int accumulate) {
+  static_assert(kN == 64 || kN == 128, "wrapped widths: n64 and n128");
+  if constexpr (kN == 64) {
+    wgmma_m64n64k16_rs<Elem, kTransposeB>(acc, a, desc_b, accumulate);
+  } else {
+    wgmma_m64n128k16_rs<Elem, kTransposeB>(acc, a, desc_b, accumulate);
+  }
+}
+
 #undef FLASHSTEP_ACC32
 #undef FLASHSTEP_ACC32_PLACES
 #undef FLASHSTEP_ACC64
