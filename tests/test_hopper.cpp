@@ -165,28 +165,47 @@ TEST_CASE("stage 08's model by hand: Nq = Nk = 256, d = 64, K and V read once a 
         blocks * (3 * 2 * C * d + (4 - n) * R * d + R * d) * e);
 }
 
-TEST_CASE("stage 08 step 3's model by hand: two consumer warpgroups share a block of 128 rows") {
-  // Nq = Nk = 256, d = 64: 2 Q blocks of R = 128 rows, each visiting n = 2
-  // K/V blocks of 128 keys; each consumer warpgroup reads its 64 rows of Qi
-  // per tile and all of Kj and Vj: twice the K/V reads of one warpgroup, half
-  // the blocks.
-  const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);
-  const std::int64_t blocks = 2, R = 128, n = 2, C = 256, d = 64, e = 2;
-  const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
-  CHECK(c.thread_blocks == blocks);
-  CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
-  CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d) * e);
-  CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+TEST_CASE("stage 08 step 3's model by hand: consumer warpgroups share a block of 128 or 192 rows") {
+  // Each consumer warpgroup reads its 64 rows of Qi per tile and all of Kj
+  // and Vj: K/V reads of one warpgroup times the consumers, fewer blocks.
+  // d = 128, two consumers: Nq = Nk = 256, 2 Q blocks of R = 128 rows, each
+  // visiting n = 2 K/V blocks of 128 keys.
+  {
+    const Problem p = with_scale(make_problem(1, 1, 256, 256, 128, false), 0.125, DType::kBf16);
+    const std::int64_t blocks = 2, R = 128, n = 2, C = 256, d = 128, e = 2;
+    const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
+    CHECK(c.thread_blocks == blocks);
+    CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
+    CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d) * e);
+    CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+  }
+  // d = 64, three consumers (FlashAttention-3's 192-row blocks): Nq = Nk =
+  // 384, 2 Q blocks of R = 192 rows, each visiting n = 3 K/V blocks.
+  for (std::string_view name : {"08_step3_warp_specialized", "08_hopper"}) {
+    CAPTURE(name);
+    const Problem p = with_scale(make_problem(1, 1, 384, 384, 64, false), 0.125, DType::kBf16);
+    const std::int64_t blocks = 2, R = 192, n = 3, C = 384, d = 64, e = 2;
+    const Cost c = flashstep::select_stages(name).front()->model(p);
+    CHECK(c.thread_blocks == blocks);
+    CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
+    CHECK(c.sram_read_bytes == blocks * (n * R * d + 3 * 2 * C * d) * e);
+    CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+  }
 }
 
 TEST_CASE("stage 08, causal: the blocks above the diagonal are skipped, as in stage 07") {
   const Stage* step2 = flashstep::select_stages("08_step2_tma_pipeline").front();
   const Stage* step5 = flashstep::select_stages("08_hopper").front();
-  // d = 64, 128 keys per K/V tile (2 tiles): 64-row Q block i visits K/V
-  // blocks 0..i / 2, 128-row block i blocks 0..i.
-  const Problem p64 = with_scale(make_problem(1, 1, 256, 256, 64, true), 0.125, DType::kBf16);
-  CHECK(step2->model(p64).skipped_tiles == 1 + 1 + 0 + 0);
-  CHECK(step5->model(p64).skipped_tiles == 1 + 0);
+  // d = 64, 128 keys per K/V tile (4 tiles of Nk = 512): 64-row Q block i
+  // visits K/V blocks 0..i / 2, 192-row block i (rows 192 i .. 192 i + 191,
+  // the last one 128 rows) blocks 0..(192 i + 191) / 128.
+  const Problem p64 = with_scale(make_problem(1, 1, 512, 512, 64, true), 0.125, DType::kBf16);
+  CHECK(step2->model(p64).skipped_tiles == 3 + 3 + 2 + 2 + 1 + 1 + 0 + 0);
+  CHECK(step5->model(p64).skipped_tiles == 2 + 1 + 0);
+  // d = 128, 128 keys per K/V tile (2 tiles of Nk = 256): 128-row block i
+  // visits blocks 0..i.
+  const Problem p128 = with_scale(make_problem(1, 1, 256, 256, 128, true), 0.125, DType::kBf16);
+  CHECK(step5->model(p128).skipped_tiles == 1 + 0);
   // d = 256, 64 keys per K/V tile (4 tiles): 64-row Q block i visits K/V
   // blocks 0..i, 128-row block i blocks 0..2i+1.
   const Problem p256 = with_scale(make_problem(1, 1, 256, 256, 256, true), 0.125, DType::kBf16);

@@ -2,7 +2,7 @@
 // Hopper's asynchronous tensor cores, with FlashAttention-3's ideas (Shah et
 // al. 2024, §3) one ablation step at a time (hopper_tiles.h): wgmma, TMA
 // copies completing on mbarriers (hopper_kernel, steps 1-2), then a producer
-// warpgroup beside two consumers, ping-pong between them and the softmax
+// warpgroup beside two or three consumers, ping-pong between them and the softmax
 // under the next products (hopper_ws_kernel, steps 3-5, further down).
 //
 // Steps 1-2: one thread block per (Q block i of 64 rows, head), one
@@ -483,16 +483,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------
 // Step 3: warp specialization (FlashAttention-3 §3.1).
 //
-//   warpgroup 0, producer  setmaxnreg.dec 24; thread 0 alone: for each head,
-//                          wait q_empty, TMA both halves of Qi -> q_full;
-//                          for each K/V tile, wait empty[b], TMA Kj, Vj -> full[b]
-//   warpgroups 1, 2        setmaxnreg.inc 240; rows 64 (w - 1) .. of the block:
-//   consumers              wait q_full; for each tile wait full[b], S = Qi Kj^T,
+//   warpgroup 0, producer  setmaxnreg.dec 40 (32); thread 0 alone: for each
+//                          head, wait q_empty, TMA each consumer's 64 rows of
+//                          Qi -> q_full; for each K/V tile, wait empty[b],
+//                          TMA Kj, Vj -> full[b]
+//   warpgroups 1, 2 (, 3)  setmaxnreg.inc 232 (160); rows 64 (w - 1) .. of the
+//   consumers              block: wait q_full; for each tile wait full[b], S = Qi Kj^T,
 //                          softmax, O~ += P~ Vj, arrive on empty[b]; arrive on
 //                          q_empty; write O, L
 //
-// After the split no thread passes a block barrier: the producer's other
-// threads have returned, and every hand-over is an mbarrier.
+// Two consumers, or three at d = 64 (consumer_warpgroups: blocks of 128 or
+// 192 rows; the registers in brackets). After the split no thread passes a
+// block barrier: the producer's other threads have returned, and every
+// hand-over is an mbarrier.
 
 /// What step 3 fixes at compile time: the names qk_product, pv_product and
 /// online_softmax read, for one consumer warpgroup's 64 rows.
@@ -509,7 +512,10 @@ struct WsConfig {
   static constexpr int kOutN = out_tile(kHeadDim);
   static constexpr int kOutChains = kHeadDim / kOutN;
   static constexpr int kORegs = kOutN / 2;
-  static constexpr int kConsumers = consumer_warpgroups(kStep);
+  static constexpr int kConsumers = consumer_warpgroups(kStep, kHeadDim);
+  static constexpr int kBlockThreads = ws_threads(kConsumers);
+  static constexpr int kProducerRegs = producer_regs(kConsumers);
+  static constexpr int kConsumerRegs = consumer_regs(kConsumers);
   static constexpr int kBlockRows = kConsumers * kBr;  // rows of Q per block
   static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
   static constexpr int kKVBytes = kBc * kHeadDim * 2;
@@ -518,9 +524,11 @@ struct WsConfig {
   static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
                                     2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kSmemBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
-  // Arrivals that free a buffer: every thread of both consumers, each after
+  // Arrivals that free a buffer: every thread of every consumer, each after
   // its own wgmma_wait<0> (which covers its whole warpgroup's products).
   static constexpr int kConsumerThreads = kConsumers * kThreads;
+  static_assert(kProducerRegs * kThreads + kConsumers * kConsumerRegs * kThreads <= 65536,
+                "the registers setmaxnreg hands out fit the SM's 64K");
 };
 
 template <typename C>
@@ -649,12 +657,15 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
   sm90::mbarrier_arrive(s.empty(b_prev));
 }
 
-/// The first of step 4's two named barriers (0 is __syncthreads'): consumer
-/// w waits on kTurn + w.
+/// The first of step 4's named barriers, one per consumer (0 is
+/// __syncthreads'): consumer w waits on kTurn + w.
 inline constexpr int kTurn = 1;
+/// Threads a turn barrier counts: the waiting consumer's 128 and the 128
+/// arrivals of the one that passes it the turn.
+inline constexpr int kTurnThreads = 2 * kThreads;
 
-/// Consumer w (0 or 1): Algorithm 1 for rows q_row0 .. q_row0 + 63 of every
-/// head of the block, on the buffers the producer fills.
+/// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows q_row0 ..
+/// q_row0 + 63 of every head of the block, on the buffers the producer fills.
 template <typename Elem, typename C>
 __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w, int q_row0,
                                int n_blocks) {
@@ -670,14 +681,17 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
   }
   const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
   const std::uint32_t q_addr = sm90::smem_address(s.Qi(w));
-  // Step 4's token: consumer w may use the tensor cores once its barrier
-  // kTurn + w has seen its own 128 threads and the other consumer's
-  // 128 arrivals; it passes the token on with an arrival at the other's.
+  // Step 4's token, passed round the consumers 0, 1, (2,) 0, ...: consumer
+  // w may use the tensor cores once its barrier kTurn + w has seen its own
+  // 128 threads and the previous consumer's 128 arrivals; it passes the
+  // token on with an arrival at the next one's.
   auto my_turn = [&] {
-    if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, C::kConsumerThreads);
+    if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, kTurnThreads);
   };
   auto your_turn = [&] {
-    if constexpr (C::kPingPong) sm90::named_barrier_arrive(kTurn + 1 - w, C::kConsumerThreads);
+    if constexpr (C::kPingPong) {
+      sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
+    }
   };
   unsigned tiles = 0, heads = 0;
   for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
@@ -689,7 +703,7 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
       for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
     }
     sm90::mbarrier_wait(s.q_full(), heads % 2);
-    if (w == 1) your_turn();  // consumer 0 goes first
+    if (w == C::kConsumers - 1) your_turn();  // consumer 0 goes first
     if constexpr (C::kOverlap) {
       overlapped_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
                                 my_turn, your_turn);
@@ -710,8 +724,8 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
         sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
       }
     }
-    // Consumer 0 takes the turn consumer 1 passed last (or first, when
-    // there is no tile): every arrival on a turn barrier is matched.
+    // Consumer 0 takes the turn the last consumer passed last (or first,
+    // when there is no tile): every arrival on a turn barrier is matched.
     if (w == 0) my_turn();
     sm90::mbarrier_arrive(s.q_empty());   // and with Qi
     write_output<Elem, C>(p, bh, q_row0, O, m, l);
@@ -735,10 +749,11 @@ __device__ inline WsBlock ws_block(const Params<Elem>& p) {
 }
 
 /// Step 3's kernel: one block of three warpgroups per (Q block of 128
-/// rows, head). The register cap at entry (384 threads, one block per SM:
-/// 168 each) is what setmaxnreg redistributes.
+/// rows, head), four per (192 rows, head) at d = 64. The register cap at
+/// entry (384 threads at one block per SM: 168 each; 512: 128) is what
+/// setmaxnreg redistributes.
 template <typename Elem, typename C>
-__global__ void __launch_bounds__(kWsThreads, 1)
+__global__ void __launch_bounds__(C::kBlockThreads, 1)
     hopper_ws_kernel(const Params<Elem> p, const __grid_constant__ TensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -753,17 +768,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     sm90::fence_proxy_async_shared();  // the copy engine sees the initialized barriers
   }
   __syncthreads();  // the last block-wide barrier: the roles split here
-  // Nothing computed above lives past setmaxnreg (the producer keeps 24
-  // registers: what lived longer would be spilled), so each role works out
-  // its rows and K/V blocks for itself.
+  // Nothing computed above lives past setmaxnreg (the producer keeps 40 or
+  // 32 registers: what lived longer would be spilled), so each role works
+  // out its rows and K/V blocks for itself.
   if (threadIdx.x / kThreads == 0) {
-    sm90::setmaxnreg_dec<kProducerRegs>();
+    sm90::setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x == 0) {
       const WsBlock blk = ws_block<C>(p);
       produce<Elem, C>(p, maps, s, blk.row0, blk.n_blocks);
     }
   } else {
-    sm90::setmaxnreg_inc<kConsumerRegs>();
+    sm90::setmaxnreg_inc<C::kConsumerRegs>();
     const WsBlock blk = ws_block<C>(p);
     const int w = threadIdx.x / kThreads - 1;
     consume<Elem, C>(p, s, w, blk.row0 + w * kBr, blk.n_blocks);

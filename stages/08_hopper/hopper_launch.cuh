@@ -113,7 +113,8 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   launch_with_smem(hopper_kernel<Elem, C>, grid, kThreads, C::kSmemBytes, stream, what, prm, maps);
 }
 
-/// The kernel of steps 3-4: blocks of 128 rows, three warpgroups.
+/// The kernel of steps 3-5: blocks of 128 rows and three warpgroups, or of
+/// 192 rows and four at d = 64.
 template <typename Elem, int kHeadDim, Step kStep>
 void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   using C = WsConfig<kHeadDim, kStep>;
@@ -124,8 +125,8 @@ void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const c
   maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
   const std::int64_t Tr = (p.Nq - 1) / C::kBlockRows + 1;
   const dim3 grid(static_cast<unsigned>(Tr), static_cast<unsigned>(std::min(p.heads(), kMaxGridY)));
-  launch_with_smem(hopper_ws_kernel<Elem, C>, grid, kWsThreads, C::kSmemBytes, stream, what, prm,
-                   maps);
+  launch_with_smem(hopper_ws_kernel<Elem, C>, grid, C::kBlockThreads, C::kSmemBytes, stream, what,
+                   prm, maps);
 }
 
 template <typename Elem, bool kTma>

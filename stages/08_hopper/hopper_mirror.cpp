@@ -2,7 +2,8 @@
 // grid, tiles and numerics, counting what hopper_model.cpp counts. Read it
 // beside attend_q_block:
 // - one thread block per (Q block, head), heaviest first: 64 rows per
-//   consumer warpgroup, one in steps 1-2 and two from step 3; K/V blocks of
+//   consumer warpgroup, one in steps 1-2 and two from step 3 (three at
+//   d <= 64: consumer_warpgroups); K/V blocks of
 //   Bc = key_tile(d bucket) keys (128 at d <= 128, 64 at d = 256) from the
 //   last visited one down, the causal blocks above the diagonal skipped;
 // - each consumer warpgroup's wgmma chains read its rows of Qi (S's A
@@ -131,7 +132,7 @@ Cost mirror(const Problem& p, const HostTensors& t) {
   const float scale_log2 = scale == 0.0f ? kMinNormal : scale;
   const bool negate_q = p.softmax_scale() < 0.0;
   Chip chip;
-  const std::int64_t consumers = consumer_warpgroups(kStep);
+  const std::int64_t consumers = consumer_warpgroups(kStep, head_dim_bucket(p.d));
   const std::int64_t Tr = ceil_div(p.Nq, consumers * kBr);
   const std::int64_t grid_y = std::min(p.heads(), kMaxGridY);
   chip.cost.thread_blocks = Tr * grid_y;

@@ -2,7 +2,8 @@
 //
 // FlashAttention-2's work (common/fa2_model.cpp states the counting
 // conventions) on this stage's tiles (hopper_tiles.h: blocks of Br = 64
-// rows per consumer warpgroup, one in steps 1-2 and two from step 3;
+// rows per consumer warpgroup, one in steps 1-2 and two from step 3, three
+// at d <= 64;
 // Bc = key_tile(d bucket): 128 keys at d <= 128, 64 at d = 256), in
 // 16-bit elements (L stays 4 bytes); valid elements only. For one head,
 // summed over Q blocks i of R_i valid rows that visit n_i K/V tiles holding
@@ -47,7 +48,7 @@ template <Step kStep>
 Cost model(const Problem& p) {
   const std::int64_t e = dtype_bytes(p.dtype);
   const std::int64_t d = p.d;
-  const std::int64_t consumers = consumer_warpgroups(kStep);
+  const std::int64_t consumers = consumer_warpgroups(kStep, head_dim_bucket(p.d));
   const std::int64_t Br = consumers * kBr;
   const std::int64_t Bc = key_tile(head_dim_bucket(d));
   const std::int64_t Tr = ceil_div(p.Nq, Br);
@@ -127,9 +128,9 @@ std::vector<Stage> stages_08_hopper() {
       entry<Step::kTmaPipeline>("08_step2_tma_pipeline", "+ TMA pipeline on mbarriers",
                                 {DType::kBf16}),
       entry<Step::kWarpSpecialized>("08_step3_warp_specialized",
-                                    "+ warp specialization: producer, 2 consumers, setmaxnreg",
+                                    "+ warp specialization: producer, 2 consumers (3 at d <= 64), setmaxnreg",
                                     {DType::kBf16}),
-      entry<Step::kPingPong>("08_step4_ping_pong", "+ ping-pong of the two consumer warpgroups",
+      entry<Step::kPingPong>("08_step4_ping_pong", "+ ping-pong of the consumer warpgroups",
                              {DType::kBf16}),
       entry<Step::kIntraOverlap>("08_hopper", "+ softmax under the next product (intra-warpgroup)",
                                  {DType::kBf16, DType::kFp16}),
