@@ -575,6 +575,9 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
                           64 * cb, q_row0 + w * kBr, head);
       }
     }
+    // Not unrolled: the copies of an unrolled loop would each keep their
+    // own offsets, more than the producer's registers hold.
+#pragma unroll 1
     for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {  // line 7
       const int b = tiles % kStages;
       sm90::mbarrier_wait(s.empty(b), tiles / kStages % 2 ^ 1);

@@ -69,10 +69,9 @@ constexpr int ws_threads(int consumers) { return (1 + consumers) * kThreads; }
 /// of the SM's 65536 at one block per SM. Two consumers: the producer keeps
 /// 40, they take 232 (40 x 128 + 2 x 232 x 128 = 64512); with 24 the
 /// producer's copy loop spilled at d = 128 and 256. Three (d = 64): 32 and
-/// 160 (32 x 128 + 3 x 160 x 128 = 65536). There the producer spills 24
-/// bytes of its loop's state (a few local loads per K/V tile, by one
-/// thread); 40 and 152 would keep it whole but spill step 5's consumer,
-/// and ptxas then serializes its wgmma.
+/// 160 (32 x 128 + 3 x 160 x 128 = 65536); 40 and 152 would spill step 5's
+/// consumer, and ptxas then serializes its wgmma. The producer fits 32 with
+/// its K/V loop kept rolled (produce).
 constexpr int producer_regs(int consumers) { return consumers == 2 ? 40 : 32; }
 constexpr int consumer_regs(int consumers) { return consumers == 2 ? 232 : 160; }
 
