@@ -128,7 +128,7 @@ std::vector<Stage> stages_08_hopper() {
       entry<Step::kTmaPipeline>("08_step2_tma_pipeline", "+ TMA pipeline on mbarriers",
                                 {DType::kBf16}),
       entry<Step::kWarpSpecialized>("08_step3_warp_specialized",
-                                    "+ warp specialization: producer, 2 consumers (3 at d <= 64), setmaxnreg",
+                                    "+ warp specialization: producer, 2 or 3 consumers, setmaxnreg",
                                     {DType::kBf16}),
       entry<Step::kPingPong>("08_step4_ping_pong", "+ ping-pong of the consumer warpgroups",
                              {DType::kBf16}),

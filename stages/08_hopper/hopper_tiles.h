@@ -22,13 +22,13 @@ enum class Step : int {
   /// + warp specialization (FlashAttention-3 §3.1): a producer warpgroup,
   ///   one thread of which issues every TMA copy, gives registers away
   ///   (setmaxnreg.dec); two consumer warpgroups of 64 rows each (three at
-  ///   d = 64: consumer_warpgroups) take them
-  ///   (setmaxnreg.inc) and run the products and the softmax. Buffers are
-  ///   handed over by full and empty mbarriers, never by a block barrier.
+  ///   d = 64: consumer_warpgroups) take them (setmaxnreg.inc) and run the
+  ///   products and the softmax. Buffers are handed over by full and empty
+  ///   mbarriers, never by a block barrier.
   kWarpSpecialized = 3,
   /// + ping-pong (FlashAttention-3 §3.1): the consumer warpgroups take
   ///   turns on the tensor cores, a token passed round them on named barriers
-  ///   around each product, so that one's softmax runs while the other's
+  ///   around each product, so that one's softmax runs while another's
   ///   wgmma does.
   kPingPong = 4,
   /// + intra-warpgroup overlap (FlashAttention-3 §3.2, Algorithm 2): each
@@ -97,7 +97,9 @@ constexpr int key_tile(int head_dim_bucket) { return head_dim_bucket <= 128 ? 12
 /// them and the fewer times P~'s A registers are passed. At d = 256 two
 /// chains of n128: the same registers as one n256, with half the operands
 /// in one asm statement.
-constexpr int out_tile(int head_dim_bucket) { return head_dim_bucket < 128 ? head_dim_bucket : 128; }
+constexpr int out_tile(int head_dim_bucket) {
+  return head_dim_bucket < 128 ? head_dim_bucket : 128;
+}
 /// K/V buffers of the TMA pipeline (step 2): two, so that the next tile's
 /// copy runs under this tile's products and softmax. At d = 256 two stages
 /// of Kj and Vj (64 keys) take 128 KiB beside the two consumers' 64 KiB of
