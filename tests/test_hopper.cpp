@@ -137,10 +137,10 @@ TEST_CASE("stage 08: a negative scale is |scale| on -Q, bit for bit, at no cost 
 }
 
 TEST_CASE("stage 08's model by hand: Nq = Nk = 256, d = 64, K and V read once a warpgroup") {
-  // 64 x 64 tiles, one warpgroup: 4 Q blocks of R = 64 rows, each visiting
-  // 4 K/V blocks (C = 256 keys); 2-byte elements, L 4 bytes.
+  // 64 x 128 tiles (128 keys at d = 64), one warpgroup: 4 Q blocks of R = 64
+  // rows, each visiting 2 K/V blocks (C = 256 keys); 2-byte elements, L 4 bytes.
   const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);
-  const std::int64_t blocks = 4, R = 64, n = 4, C = 256, d = 64, e = 2;
+  const std::int64_t blocks = 4, R = 64, n = 2, C = 256, d = 64, e = 2;
   for (std::string_view name : {"08_step1_wgmma_sync", "08_step2_tma_pipeline"}) {
     const Stage* s = flashstep::select_stages(name).front();
     CAPTURE(s->name);
@@ -155,32 +155,60 @@ TEST_CASE("stage 08's model by hand: Nq = Nk = 256, d = 64, K and V read once a 
     CHECK(c.matmul_flops == blocks * 4 * R * C * d);
     CHECK(c.nonmatmul_flops == blocks * (5 * R * C + n * R * (4 + d) + R * (d + 4)));
   }
-  // Stage 07's step 4 on the same 64 x 64 tiles: each of its 4 warps reads
-  // all of Kj and Vj, and O goes out through shared memory.
+  // Stage 07's step 4 on 64 x 64 tiles: each of its 4 warps reads all of Kj
+  // and Vj, Qi is read once per 64-key tile (4 tiles, stage 08's 2), and O
+  // goes out through shared memory.
   const Cost c07 = flashstep::select_stages("07_step4_p_in_registers").front()->model(p);
   const Cost c08 = stage08_ladder().front()->model(p);
   CHECK(c07.hbm_read_bytes == c08.hbm_read_bytes);
-  CHECK(c07.sram_read_bytes - c08.sram_read_bytes == blocks * (3 * 2 * C * d + R * d) * e);
+  CHECK(c07.sram_read_bytes - c08.sram_read_bytes ==
+        blocks * (3 * 2 * C * d + (4 - n) * R * d + R * d) * e);
 }
 
-TEST_CASE("stage 08 step 3's model by hand: two consumer warpgroups share a block of 128 rows") {
-  // Nq = Nk = 256, d = 64: 2 Q blocks of R = 128 rows, each visiting n = 4
-  // K/V blocks; each consumer warpgroup reads its 64 rows of Qi per tile and
-  // all of Kj and Vj: twice the K/V reads of one warpgroup, half the blocks.
-  const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);
-  const std::int64_t blocks = 2, R = 128, n = 4, C = 256, d = 64, e = 2;
-  const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
-  CHECK(c.thread_blocks == blocks);
-  CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
-  CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d) * e);
-  CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+TEST_CASE("stage 08 step 3's model by hand: consumer warpgroups share a block of 128 or 192 rows") {
+  // Each consumer warpgroup reads its 64 rows of Qi per tile and all of Kj
+  // and Vj: K/V reads of one warpgroup times the consumers, fewer blocks.
+  // d = 128, two consumers: Nq = Nk = 256, 2 Q blocks of R = 128 rows, each
+  // visiting n = 2 K/V blocks of 128 keys.
+  {
+    const Problem p = with_scale(make_problem(1, 1, 256, 256, 128, false), 0.125, DType::kBf16);
+    const std::int64_t blocks = 2, R = 128, n = 2, C = 256, d = 128, e = 2;
+    const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
+    CHECK(c.thread_blocks == blocks);
+    CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
+    CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d) * e);
+    CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+  }
+  // d = 64, three consumers (FlashAttention-3's 192-row blocks): Nq = Nk =
+  // 384, 2 Q blocks of R = 192 rows, each visiting n = 3 K/V blocks.
+  for (std::string_view name : {"08_step3_warp_specialized", "08_hopper"}) {
+    CAPTURE(name);
+    const Problem p = with_scale(make_problem(1, 1, 384, 384, 64, false), 0.125, DType::kBf16);
+    const std::int64_t blocks = 2, R = 192, n = 3, C = 384, d = 64, e = 2;
+    const Cost c = flashstep::select_stages(name).front()->model(p);
+    CHECK(c.thread_blocks == blocks);
+    CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
+    CHECK(c.sram_read_bytes == blocks * (n * R * d + 3 * 2 * C * d) * e);
+    CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+  }
 }
 
 TEST_CASE("stage 08, causal: the blocks above the diagonal are skipped, as in stage 07") {
-  const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, true), 0.125, DType::kBf16);
-  // 64-row Q block i visits K/V blocks 0..i.
-  CHECK(flashstep::select_stages("08_step2_tma_pipeline").front()->model(p).skipped_tiles ==
-        0 + 1 + 2 + 3);
-  // 128-row Q block i visits K/V blocks 0..2i+1.
-  CHECK(flashstep::select_stages("08_hopper").front()->model(p).skipped_tiles == 2 + 0);
+  const Stage* step2 = flashstep::select_stages("08_step2_tma_pipeline").front();
+  const Stage* step5 = flashstep::select_stages("08_hopper").front();
+  // d = 64, 128 keys per K/V tile (4 tiles of Nk = 512): 64-row Q block i
+  // visits K/V blocks 0..i / 2, 192-row block i (rows 192 i .. 192 i + 191,
+  // the last one 128 rows) blocks 0..(192 i + 191) / 128.
+  const Problem p64 = with_scale(make_problem(1, 1, 512, 512, 64, true), 0.125, DType::kBf16);
+  CHECK(step2->model(p64).skipped_tiles == 3 + 3 + 2 + 2 + 1 + 1 + 0 + 0);
+  CHECK(step5->model(p64).skipped_tiles == 2 + 1 + 0);
+  // d = 128, 128 keys per K/V tile (2 tiles of Nk = 256): 128-row block i
+  // visits blocks 0..i.
+  const Problem p128 = with_scale(make_problem(1, 1, 256, 256, 128, true), 0.125, DType::kBf16);
+  CHECK(step5->model(p128).skipped_tiles == 1 + 0);
+  // d = 256, 64 keys per K/V tile (4 tiles): 64-row Q block i visits K/V
+  // blocks 0..i, 128-row block i blocks 0..2i+1.
+  const Problem p256 = with_scale(make_problem(1, 1, 256, 256, 256, true), 0.125, DType::kBf16);
+  CHECK(step2->model(p256).skipped_tiles == 3 + 2 + 1 + 0);
+  CHECK(step5->model(p256).skipped_tiles == 2 + 0);
 }

@@ -8,6 +8,7 @@
 #include <set>
 #include <utility>
 
+#include "08_hopper/hopper_tiles.h"
 #include "common/sm90_layout.h"
 
 namespace sm90 = flashstep::sm90;
@@ -27,17 +28,22 @@ TEST_CASE("wgmma accumulator layout: entries of the PTX ISA's m64nNk16 D figure"
   CHECK(is(sm90::accumulator_coord(31, 3), 15, 7));
   CHECK(is(sm90::accumulator_coord(32, 0), 16, 0));
   CHECK(is(sm90::accumulator_coord(127, 31), 63, 63));
-  // Every element of a 64 x 64 accumulator held exactly once by 128 x 32 registers.
-  std::set<std::pair<int, int>> seen;
-  for (int thread = 0; thread < sm90::kWarpgroupThreads; ++thread) {
-    for (int reg = 0; reg < 32; ++reg) {
-      const sm90::Coord c = sm90::accumulator_coord(thread, reg);
-      REQUIRE(c.row < 64);
-      REQUIRE(c.col < 64);
-      seen.insert({c.row, c.col});
+  CHECK(is(sm90::accumulator_coord(127, 63), 63, 127));
+  // Every element of a 64 x N accumulator held exactly once by 128 x N / 2
+  // registers: n64 (O~'s column blocks, S at d = 256) and n128 (S at d <= 128).
+  for (int N : {64, 128}) {
+    CAPTURE(N);
+    std::set<std::pair<int, int>> seen;
+    for (int thread = 0; thread < sm90::kWarpgroupThreads; ++thread) {
+      for (int reg = 0; reg < N / 2; ++reg) {
+        const sm90::Coord c = sm90::accumulator_coord(thread, reg);
+        REQUIRE(c.row < 64);
+        REQUIRE(c.col < N);
+        seen.insert({c.row, c.col});
+      }
     }
+    CHECK(seen.size() == 64u * static_cast<unsigned>(N));
   }
-  CHECK(seen.size() == 64u * 64u);
 }
 
 TEST_CASE("wgmma A in registers: the m64k16 figure, and P from the S accumulators") {
@@ -52,9 +58,10 @@ TEST_CASE("wgmma A in registers: the m64k16 figure, and P from the S accumulator
   CHECK(is(sm90::a_register_coord(5, 0, 0), 1, 2));
   CHECK(is(sm90::a_register_coord(64, 0, 0), 32, 0));
   // P's k16 block kk taken from S's registers: the same thread, the same
-  // row, column 16 kk + the A column. So P never leaves the registers.
+  // row, column 16 kk + the A column. So P never leaves the registers; kk
+  // runs over the 8 k16 steps of a 128-key tile.
   for (int thread = 0; thread < sm90::kWarpgroupThreads; ++thread) {
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < 8; ++kk) {
       for (int reg = 0; reg < 4; ++reg) {
         for (int e = 0; e < 2; ++e) {
           const sm90::Coord a = sm90::a_register_coord(thread, reg, e);
@@ -106,36 +113,52 @@ TEST_CASE("matrix descriptor: the fields of the PTX ISA's format round-trip") {
 
 TEST_CASE("stage 08's descriptors name the elements its swizzled tiles hold, d = 64, 128, 256") {
   // Tiles as stage 08 lays them out (hopper.cuh): Qi [64 x D], Kj and Vj
-  // [64 x D], each D / 64 column blocks of 64 rows x 128 bytes, based on a
-  // 1024-byte boundary. Its descriptors are those of qk_product and
-  // pv_product; the address each names for an operand element must be the
-  // element's address in the tile.
+  // [Bc x D] (Bc = key_tile(D): 128 keys at D = 64 and 128, 64 at 256), each
+  // D / 64 column blocks of their rows x 128 bytes, based on a 1024-byte
+  // boundary. Its descriptors are those of issue_qk and issue_pv; the
+  // address each names for an operand element must be the element's address
+  // in the tile.
   constexpr std::uint32_t kBase = 0x4000;  // any 1024-byte aligned address
-  constexpr int kRows = 64;
+  constexpr int kQRows = flashstep::hopper::kBr;
   for (int D : {64, 128, 256}) {
+    const int Bc = flashstep::hopper::key_tile(D);
     CAPTURE(D);
-    // S = Q K^T, k16 step kk: A(m, k) = Qi[m][16 kk + k]; B(k, n) = Kj[n][16 kk + k].
+    CAPTURE(Bc);
+    // S = Q K^T, k16 step kk: A(m, k) = Qi[m][16 kk + k] (m < 64);
+    // B(k, n) = Kj[n][16 kk + k] (n < Bc: one m64nBck16 wgmma wide).
     for (int kk = 0; kk < D / 16; ++kk) {
-      const std::uint32_t start = kBase + kk / 4 * kRows * 128 + kk % 4 * 32;
-      const std::uint64_t desc = sm90::make_descriptor(start, 16, 1024, sm90::Swizzle::k128B);
-      for (int mn = 0; mn < 64; ++mn) {
-        for (int k = 0; k < 16; ++k) {
+      const std::uint32_t in_row = kk % 4 * 32;
+      const std::uint64_t a = sm90::make_descriptor(kBase + kk / 4 * kQRows * 128 + in_row, 16,
+                                                    1024, sm90::Swizzle::k128B);
+      const std::uint64_t b = sm90::make_descriptor(kBase + kk / 4 * Bc * 128 + in_row, 16, 1024,
+                                                    sm90::Swizzle::k128B);
+      for (int k = 0; k < 16; ++k) {
+        for (int m = 0; m < kQRows; ++m) {
           const auto want = kBase + static_cast<std::uint32_t>(
-                                        sm90::swizzle128_offset(mn, 16 * kk + k, kRows));
-          REQUIRE(sm90::k_major_address(desc, mn, k) == want);
+                                        sm90::swizzle128_offset(m, 16 * kk + k, kQRows));
+          REQUIRE(sm90::k_major_address(a, m, k) == want);
+        }
+        for (int n = 0; n < Bc; ++n) {
+          const auto want =
+              kBase + static_cast<std::uint32_t>(sm90::swizzle128_offset(n, 16 * kk + k, Bc));
+          REQUIRE(sm90::k_major_address(b, n, k) == want);
         }
       }
     }
-    // O += P V, column block cb, k16 step kk: B(k, n) = Vj[16 kk + k][64 cb + n].
-    for (int cb = 0; cb < D / 64; ++cb) {
-      for (int kk = 0; kk < 4; ++kk) {
-        const std::uint32_t start = kBase + cb * kRows * 128 + kk * 16 * 128;
+    // O += P V, chain c of No = out_tile(D) columns (64 or 128: one or two
+    // column blocks, LBO = one column block of Bc rows apart), k16 step
+    // kk < Bc / 16: B(k, n) = Vj[16 kk + k][No c + n].
+    const int No = flashstep::hopper::out_tile(D);
+    CAPTURE(No);
+    for (int c = 0; c < D / No; ++c) {
+      for (int kk = 0; kk < Bc / 16; ++kk) {
+        const std::uint32_t start = kBase + c * (No / 64) * Bc * 128 + kk * 16 * 128;
         const std::uint64_t desc =
-            sm90::make_descriptor(start, kRows * 128, 1024, sm90::Swizzle::k128B);
+            sm90::make_descriptor(start, Bc * 128, 1024, sm90::Swizzle::k128B);
         for (int k = 0; k < 16; ++k) {
-          for (int n = 0; n < 64; ++n) {
+          for (int n = 0; n < No; ++n) {
             const auto want = kBase + static_cast<std::uint32_t>(
-                                          sm90::swizzle128_offset(16 * kk + k, 64 * cb + n, kRows));
+                                          sm90::swizzle128_offset(16 * kk + k, No * c + n, Bc));
             REQUIRE(sm90::mn_major_address(desc, k, n) == want);
           }
         }

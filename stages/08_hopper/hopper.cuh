@@ -2,7 +2,7 @@
 // Hopper's asynchronous tensor cores, with FlashAttention-3's ideas (Shah et
 // al. 2024, §3) one ablation step at a time (hopper_tiles.h): wgmma, TMA
 // copies completing on mbarriers (hopper_kernel, steps 1-2), then a producer
-// warpgroup beside two consumers, ping-pong between them and the softmax
+// warpgroup beside two or three consumers, ping-pong between them and the softmax
 // under the next products (hopper_ws_kernel, steps 3-5, further down).
 //
 // Steps 1-2: one thread block per (Q block i of 64 rows, head), one
@@ -11,10 +11,14 @@
 // memory through matrix descriptors (no ldmatrix, no fragments loaded by the
 // threads):
 //
-//   S_ij [64 x 64]  = Qi [64 x d] Kj^T          d/16 x wgmma m64n64k16, A and B in smem
-//   O~_i [64 x d]  += P~_ij [64 x 64] Vj         d/64 column blocks x 4 x wgmma
-//                                                m64n64k16, A (P~) in registers,
-//                                                B (Vj) in smem, transposed
+//   S_ij [64 x Bc]  = Qi [64 x d] Kj^T          d/16 x wgmma m64nBck16, A and B in smem
+//   O~_i [64 x d]  += P~_ij [64 x Bc] Vj         d/No chains x Bc/16 x wgmma m64nNok16
+//                                                (No = min(d, 128)), A (P~) in
+//                                                registers, B (Vj) in smem, transposed
+//
+// Bc = key_tile(d bucket) keys per K/V tile: 128 at d = 64 and 128 (one
+// m64n128k16 chain for S, 8 k16 steps for P~ Vj), 64 at d = 256; No =
+// out_tile(d bucket) columns of O~ per wgmma (hopper_tiles.h says why).
 //
 // Warp w of the warpgroup holds rows 16w .. 16w + 15 of S and O~ (common/
 // sm90_layout.h draws which thread holds which element): within a warp the
@@ -68,9 +72,14 @@ template <int kHeadDim_, bool kTma_>
 struct Config {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kTma = kTma_;
+  static constexpr int kBc = key_tile(kHeadDim);                        // keys per K/V tile
+  static constexpr int kSRegs = kBc / 2;  // S's fp32 accumulators per thread (m64 x kBc)
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;  // 64-wide blocks of d
   static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;            // k16 steps of Qi Kj^T
   static constexpr int kPVSteps = kBc / sm90::kWgmmaK;                  // k16 steps of P~ Vj
+  static constexpr int kOutN = out_tile(kHeadDim);        // columns of O~ per P~ Vj wgmma
+  static constexpr int kOutChains = kHeadDim / kOutN;     // P~ Vj chains, one per kOutN columns
+  static constexpr int kORegs = kOutN / 2;                // O~'s fp32 per thread per chain
   static constexpr int kKVBuffers = kTma ? kStages : 1;
   // Shared memory in bytes: Qi, then kKVBuffers of (Kj, Vj), each a
   // multiple of the 1024-byte swizzle atom; then the mbarriers.
@@ -81,6 +90,7 @@ struct Config {
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kQBytes + 2 * kKVBuffers * kKVBytes + kBarrierBytes;
   static_assert(kHeadDim % sm90::kSwizzleRowElems == 0, "d is padded to whole column blocks");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "Qi and the K/V buffers fit one block");
   static_assert(kBr == sm90::kWgmmaM && kThreads == sm90::kWarpgroupThreads,
                 "one warpgroup, one m64 wgmma tall");
 };
@@ -114,11 +124,13 @@ __device__ inline void load_tile(unsigned char* tile, const Elem* src, int rows_
 }
 
 /// Issues line 8, S = Qi Kj^T (times -1 when the scale is negative), as
-/// one wgmma-group without waiting: a chain of kQKSteps wgmma reading both
-/// operands through K-major descriptors; step kk starts in column block
-/// kk / 4, 32 bytes per k16 step into its rows. The caller fences first.
+/// one wgmma-group without waiting: a chain of kQKSteps m64nBck16 wgmma
+/// reading both operands through K-major descriptors; step kk starts in
+/// column block kk / 4, 32 bytes per k16 step into its rows. The caller
+/// fences first.
 template <typename Elem, typename C, int kScaleA>
-__device__ inline void issue_qk(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
+__device__ inline void issue_qk(float (&S)[C::kSRegs], std::uint32_t q_addr,
+                                std::uint32_t k_addr) {
 #pragma unroll
   for (int kk = 0; kk < C::kQKSteps; ++kk) {
     const std::uint32_t step = kk / 4, in_row = kk % 4 * 2 * sm90::kWgmmaK;
@@ -127,16 +139,17 @@ __device__ inline void issue_qk(float (&S)[32], std::uint32_t q_addr, std::uint3
         sm90::make_descriptor(q_addr + step * kBr * sm90::kSwizzleRowBytes + in_row, 16,
                               sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
     const std::uint64_t b =
-        sm90::make_descriptor(k_addr + step * kBc * sm90::kSwizzleRowBytes + in_row, 16,
+        sm90::make_descriptor(k_addr + step * C::kBc * sm90::kSwizzleRowBytes + in_row, 16,
                               sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
-    sm90::wgmma_m64n64k16_ss<Elem, kScaleA, 0>(S, a, b, kk > 0);
+    sm90::wgmma_m64nNk16_ss<Elem, C::kBc, kScaleA, 0>(S, a, b, kk > 0);
   }
   sm90::wgmma_commit();
 }
 
 /// Line 8, waited for (steps 1-4).
 template <typename Elem, typename C, int kScaleA>
-__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr) {
+__device__ inline void qk_product(float (&S)[C::kSRegs], std::uint32_t q_addr,
+                                  std::uint32_t k_addr) {
   sm90::wgmma_fence();  // S was last written by the softmax
   issue_qk<Elem, C, kScaleA>(S, q_addr, k_addr);
   sm90::wgmma_wait<0>();
@@ -147,8 +160,8 @@ __device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uin
 /// outside the fence and the chain: a branch between two wgmma of a chain
 /// makes ptxas wait for the earlier ones (C7519).
 template <typename Elem, typename C>
-__device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uint32_t k_addr,
-                                  bool negate_q) {
+__device__ inline void qk_product(float (&S)[C::kSRegs], std::uint32_t q_addr,
+                                  std::uint32_t k_addr, bool negate_q) {
   if (negate_q) {
     qk_product<Elem, C, -1>(S, q_addr, k_addr);
   } else {
@@ -160,7 +173,7 @@ __device__ inline void qk_product(float (&S)[32], std::uint32_t q_addr, std::uin
 /// packed in pairs, k16 step kk in a[kk] (sm90_layout.h's
 /// p_source_register says which register goes where).
 template <typename Elem, typename C>
-__device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&S)[32]) {
+__device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&S)[C::kSRegs]) {
 #pragma unroll
   for (int kk = 0; kk < C::kPVSteps; ++kk) {
 #pragma unroll
@@ -172,21 +185,24 @@ __device__ inline void pack_p(std::uint32_t (&a)[C::kPVSteps][4], const float (&
 }
 
 /// Issues line 10's product, O~ += P~ Vj, as one wgmma-group, without
-/// waiting: for each 64-wide column block cb of d, a chain of 4 wgmma over
-/// the keys, B being Vj's column block read MN-major (keys along k, 16 keys
-/// = 2 swizzle atoms = 2048 bytes per step) with the transpose bit. The
-/// caller fences first.
+/// waiting: for each chain c of kOutN columns of d, kPVSteps (Bc / 16)
+/// m64nNok16 wgmma over the keys, B being Vj's columns read MN-major with
+/// the transpose bit: keys along k, 16 keys = 2 swizzle atoms = 2048 bytes
+/// per step (SBO 1024 between 8-key atoms), the next 64 columns one column
+/// block ([Bc] rows of 128 bytes) further on (LBO). The caller fences first.
 template <typename Elem, typename C>
-__device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
+__device__ inline void issue_pv(float (&O)[C::kOutChains][C::kORegs],
                                 const std::uint32_t (&a)[C::kPVSteps][4], std::uint32_t v_addr) {
+  constexpr std::uint32_t kColBlockBytes = C::kBc * sm90::kSwizzleRowBytes;
 #pragma unroll
-  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+  for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
     for (int kk = 0; kk < C::kPVSteps; ++kk) {
       const std::uint64_t b = sm90::make_descriptor(
-          v_addr + cb * kBc * sm90::kSwizzleRowBytes + kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes,
-          kBc * sm90::kSwizzleRowBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
-      sm90::wgmma_m64n64k16_rs<Elem, 1>(O[cb], a[kk], b, 1);
+          v_addr + c * (C::kOutN / sm90::kSwizzleRowElems) * kColBlockBytes +
+              kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes,
+          kColBlockBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+      sm90::wgmma_m64nNk16_rs<Elem, C::kOutN, 1>(O[c], a[kk], b, 1);
     }
   }
   sm90::wgmma_commit();
@@ -196,23 +212,25 @@ __device__ inline void issue_pv(float (&O)[C::kColBlocks][32],
 /// register written between two wgmma makes ptxas wait for the earlier ones
 /// (it says so: "warpgroup.arrive is injected", C7519).
 template <typename Elem, typename C>
-__device__ inline void pv_product(float (&O)[C::kColBlocks][32], const float (&S)[32],
-                                  std::uint32_t v_addr) {
+__device__ inline void pv_product(float (&O)[C::kOutChains][C::kORegs],
+                                  const float (&S)[C::kSRegs], std::uint32_t v_addr) {
   std::uint32_t a[C::kPVSteps][4];
   pack_p<Elem, C>(a, S);
   sm90::wgmma_fence();  // O~ was rescaled and a[] written by ordinary instructions
   issue_pv<Elem, C>(O, a, v_addr);
   sm90::wgmma_wait<0>();
 #pragma unroll
-  for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
+  for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
 }
 
-/// Keys past Nk or, causal, past the row's last visible key -> -inf.
-/// keys_seen[h]: keys visible to this thread's row h (0: row g, 1: g + 8).
-__device__ inline void mask_scores(float (&S)[32], int key0, const int (&keys_seen)[2]) {
+/// Keys past Nk or, causal, past the row's last visible key -> -inf, in a
+/// tile of kSRegs * 2 keys from key0 on. keys_seen[h]: keys visible to this
+/// thread's row h (0: row g, 1: g + 8).
+template <int kSRegs>
+__device__ inline void mask_scores(float (&S)[kSRegs], int key0, const int (&keys_seen)[2]) {
   const int t = threadIdx.x % 4;
 #pragma unroll
-  for (int r = 0; r < 32; ++r) {
+  for (int r = 0; r < kSRegs; ++r) {
     const int col = 8 * (r / 4) + 2 * t + r % 2;  // sm90::accumulator_coord's column
     if (col >= keys_seen[r % 4 / 2] - key0) S[r] = -INFINITY;
   }
@@ -224,14 +242,15 @@ __device__ inline void mask_scores(float (&S)[32], int key0, const int (&keys_se
 /// row (the quad's four shares are summed at the end). Returns in alpha the
 /// factors 2^(m_old - m_new) O~ must be rescaled by, and whether any row of
 /// the warp moved its max (when none did, every factor is exactly 1).
-__device__ inline bool softmax_scores(float (&S)[32], float (&m)[2], float (&l)[2],
+template <int kSRegs>
+__device__ inline bool softmax_scores(float (&S)[kSRegs], float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], float scale_log2) {
   bool moved = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float raw = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kSRegs / 4; ++nt) {
       raw = fmaxf(raw, fmaxf(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]));
     }
     raw = fmaxf(raw, __shfl_xor_sync(kFullWarpMask, raw, 1));
@@ -243,7 +262,7 @@ __device__ inline bool softmax_scores(float (&S)[32], float (&m)[2], float (&l)[
     m[h] = m_new;
     float sum = 0.0f;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kSRegs / 4; ++nt) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
         S[4 * nt + e] = sm80::fast_exp2(fmaf(S[4 * nt + e], scale_log2, -m_sub));
@@ -257,18 +276,19 @@ __device__ inline bool softmax_scores(float (&S)[32], float (&m)[2], float (&l)[
 
 /// Line 10's first half: O~ = diag(alpha) O~.
 template <typename C>
-__device__ inline void rescale_output(float (&O)[C::kColBlocks][32], const float (&alpha)[2]) {
+__device__ inline void rescale_output(float (&O)[C::kOutChains][C::kORegs],
+                                      const float (&alpha)[2]) {
 #pragma unroll
-  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+  for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
-    for (int r = 0; r < 32; ++r) O[cb][r] *= alpha[r % 4 / 2];
+    for (int r = 0; r < C::kORegs; ++r) O[c][r] *= alpha[r % 4 / 2];
   }
 }
 
 /// Lines 9-10 up to the product: the scores' softmax, then O~'s rescale
 /// unless no row of the warp moved its max.
 template <typename C>
-__device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][32],
+__device__ inline void online_softmax(float (&S)[C::kSRegs], float (&O)[C::kOutChains][C::kORegs],
                                       float (&m)[2], float (&l)[2], float scale_log2) {
   float alpha[2];
   if (softmax_scores(S, m, l, alpha, scale_log2)) rescale_output<C>(O, alpha);
@@ -280,7 +300,7 @@ __device__ inline void online_softmax(float (&S)[32], float (&O)[C::kColBlocks][
 /// A row that saw no key has l = 0: O = 0 and L = -inf.
 template <typename Elem, typename C>
 __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int q_row0,
-                                    const float (&O)[C::kColBlocks][32], const float (&m)[2],
+                                    const float (&O)[C::kOutChains][C::kORegs], const float (&m)[2],
                                     const float (&l)[2]) {
   const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -294,11 +314,11 @@ __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int 
     if (row >= p.Nq - q_row0) continue;
     Elem* Orow = p.O + (bh * p.Nq + q_row0 + row) * p.d;  // [d]
 #pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+    for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int col = 64 * cb + 8 * nt + 2 * t;
-        const float o0 = O[cb][4 * nt + 2 * h] * inv, o1 = O[cb][4 * nt + 2 * h + 1] * inv;
+      for (int nt = 0; nt < C::kORegs / 4; ++nt) {
+        const int col = C::kOutN * c + 8 * nt + 2 * t;
+        const float o0 = O[c][4 * nt + 2 * h] * inv, o1 = O[c][4 * nt + 2 * h + 1] * inv;
         if (p.pairs && col < p.d) {
           *reinterpret_cast<std::uint32_t*>(Orow + col) = sm90::pack2<Elem>(o0, o1);
         } else {
@@ -315,7 +335,8 @@ __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int 
 }
 
 /// The tensor maps of Q, K and V for TMA (step 2): 3-D, (d, rows, heads),
-/// boxes of 64 columns x 64 rows x 1 head, 128-byte swizzle, zeros outside.
+/// boxes of 64 columns x 1 head x kBr rows (Q) or Bc rows (K, V), 128-byte
+/// swizzle, zeros outside.
 struct TensorMaps {
   CUtensorMap q, k, v;
 };
@@ -326,7 +347,7 @@ struct TensorMaps {
 /// array of pointers, which a run-time index would put on the stack.
 template <typename C>
 struct Smem {
-  unsigned char* base;  // Qi [kBr] x d, then kKVBuffers x (Kj [kBc] x d, Vj [kBc] x d)
+  unsigned char* base;  // Qi [kBr] x d, then kKVBuffers x (Kj [Bc] x d, Vj [Bc] x d)
 
   __device__ explicit Smem(unsigned char* raw)
       : base(raw + (sm90::kSwizzleAtomBytes - sm90::smem_address(raw) % sm90::kSwizzleAtomBytes) %
@@ -363,14 +384,14 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
   }
   const int block_keys = keys_seen_by(q_row0 + rows - 1);  // the most any row sees
   const int unmasked_keys = keys_seen_by(q_row0);          // the fewest
-  const int n_blocks = block_keys == 0 ? 0 : (block_keys - 1) / kBc + 1;
+  const int n_blocks = block_keys == 0 ? 0 : (block_keys - 1) / C::kBc + 1;
 
-  float O[C::kColBlocks][32];
+  float O[C::kOutChains][C::kORegs];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+  for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
-    for (int r = 0; r < 32; ++r) O[cb][r] = 0.0f;
+    for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
   }
 
   const int head = static_cast<int>(bh);
@@ -379,10 +400,10 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
     sm90::mbarrier_arrive_expect_tx(s.kv_full(b), 2 * C::kKVBytes);
 #pragma unroll
     for (int cb = 0; cb < C::kColBlocks; ++cb) {
-      sm90::tma_load_3d(s.Kj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.k, s.kv_full(b),
-                        64 * cb, j * kBc, head);
-      sm90::tma_load_3d(s.Vj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.v, s.kv_full(b),
-                        64 * cb, j * kBc, head);
+      sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.kv_full(b),
+                        64 * cb, j * C::kBc, head);
+      sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.kv_full(b),
+                        64 * cb, j * C::kBc, head);
     }
   };
 
@@ -406,21 +427,21 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
   const std::uint32_t q_addr = sm90::smem_address(s.Qi());
 
   for (int j = n_blocks - 1; j >= 0; --j) {                                // line 6
-    const int key0 = j * kBc;
+    const int key0 = j * C::kBc;
     const int b = C::kTma ? tiles_done % kStages : 0;
     if constexpr (C::kTma) {
       sm90::mbarrier_wait(s.kv_full(b), tiles_done / kStages % 2);         // line 7
     } else {
       const Elem* Kj = p.K + (bh * p.Nk + key0) * p.d;  // [min(Bc, Nk - key0), d]
       const Elem* Vj = p.V + (bh * p.Nk + key0) * p.d;  // [min(Bc, Nk - key0), d]
-      load_tile<Elem, kBc, C::kHeadDim>(s.Kj(0), Kj, p.Nk - key0, p.d, p.vec);
-      load_tile<Elem, kBc, C::kHeadDim>(s.Vj(0), Vj, p.Nk - key0, p.d, p.vec);
+      load_tile<Elem, C::kBc, C::kHeadDim>(s.Kj(0), Kj, p.Nk - key0, p.d, p.vec);
+      load_tile<Elem, C::kBc, C::kHeadDim>(s.Vj(0), Vj, p.Nk - key0, p.d, p.vec);
       sm90::fence_proxy_async_shared();  // ordinary stores, then wgmma reads them
       __syncthreads();
     }
-    float S[32];
+    float S[C::kSRegs];
     qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);  // line 8
-    if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+    if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
     online_softmax<C>(S, O, m, l, p.scale_log2);                            // lines 9-10
     pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));                 // line 10
     __syncthreads();  // every warp's wgmmas are done with buffer b
@@ -462,16 +483,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------
 // Step 3: warp specialization (FlashAttention-3 §3.1).
 //
-//   warpgroup 0, producer  setmaxnreg.dec 24; thread 0 alone: for each head,
-//                          wait q_empty, TMA both halves of Qi -> q_full;
-//                          for each K/V tile, wait empty[b], TMA Kj, Vj -> full[b]
-//   warpgroups 1, 2        setmaxnreg.inc 240; rows 64 (w - 1) .. of the block:
-//   consumers              wait q_full; for each tile wait full[b], S = Qi Kj^T,
+//   warpgroup 0, producer  setmaxnreg.dec 40 (32); thread 0 alone: for each
+//                          head, wait q_empty, TMA each consumer's 64 rows of
+//                          Qi -> q_full; for each K/V tile, wait empty[b],
+//                          TMA Kj, Vj -> full[b]
+//   warpgroups 1, 2 (, 3)  setmaxnreg.inc 232 (160); rows 64 (w - 1) .. of the
+//   consumers              block: wait q_full; for each tile wait full[b], S = Qi Kj^T,
 //                          softmax, O~ += P~ Vj, arrive on empty[b]; arrive on
 //                          q_empty; write O, L
 //
-// After the split no thread passes a block barrier: the producer's other
-// threads have returned, and every hand-over is an mbarrier.
+// Two consumers, or three at d = 64 (consumer_warpgroups: blocks of 128 or
+// 192 rows; the registers in brackets). After the split no thread passes a
+// block barrier: the producer's other threads have returned, and every
+// hand-over is an mbarrier.
 
 /// What step 3 fixes at compile time: the names qk_product, pv_product and
 /// online_softmax read, for one consumer warpgroup's 64 rows.
@@ -480,10 +504,18 @@ struct WsConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kStep >= Step::kPingPong;
   static constexpr bool kOverlap = kStep >= Step::kIntraOverlap;
+  static constexpr int kBc = key_tile(kHeadDim);  // keys per K/V tile
+  static constexpr int kSRegs = kBc / 2;          // S's fp32 accumulators per thread
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
   static constexpr int kQKSteps = kHeadDim / sm90::kWgmmaK;
   static constexpr int kPVSteps = kBc / sm90::kWgmmaK;
-  static constexpr int kConsumers = consumer_warpgroups(kStep);
+  static constexpr int kOutN = out_tile(kHeadDim);
+  static constexpr int kOutChains = kHeadDim / kOutN;
+  static constexpr int kORegs = kOutN / 2;
+  static constexpr int kConsumers = consumer_warpgroups(kStep, kHeadDim);
+  static constexpr int kBlockThreads = ws_threads(kConsumers);
+  static constexpr int kProducerRegs = producer_regs(kConsumers);
+  static constexpr int kConsumerRegs = consumer_regs(kConsumers);
   static constexpr int kBlockRows = kConsumers * kBr;  // rows of Q per block
   static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
   static constexpr int kKVBytes = kBc * kHeadDim * 2;
@@ -491,9 +523,12 @@ struct WsConfig {
   static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
   static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
                                     2 * kStages * kKVBytes + kBarrierBytes;
-  // Arrivals that free a buffer: every thread of both consumers, each after
+  static_assert(kSmemBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
+  // Arrivals that free a buffer: every thread of every consumer, each after
   // its own wgmma_wait<0> (which covers its whole warpgroup's products).
   static constexpr int kConsumerThreads = kConsumers * kThreads;
+  static_assert(kProducerRegs * kThreads + kConsumers * kConsumerRegs * kThreads <= 65536,
+                "the registers setmaxnreg hands out fit the SM's 64K");
 };
 
 template <typename C>
@@ -540,15 +575,18 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
                           64 * cb, q_row0 + w * kBr, head);
       }
     }
+    // Not unrolled: the copies of an unrolled loop would each keep their
+    // own offsets, more than the producer's registers hold.
+#pragma unroll 1
     for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {  // line 7
       const int b = tiles % kStages;
       sm90::mbarrier_wait(s.empty(b), tiles / kStages % 2 ^ 1);
       sm90::mbarrier_arrive_expect_tx(s.full(b), 2 * C::kKVBytes);
       for (int cb = 0; cb < C::kColBlocks; ++cb) {
-        sm90::tma_load_3d(s.Kj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.k, s.full(b), 64 * cb,
-                          j * kBc, head);
-        sm90::tma_load_3d(s.Vj(b) + cb * kBc * sm90::kSwizzleRowBytes, &maps.v, s.full(b), 64 * cb,
-                          j * kBc, head);
+        sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.full(b),
+                          64 * cb, j * C::kBc, head);
+        sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.full(b),
+                          64 * cb, j * C::kBc, head);
       }
     }
   }
@@ -560,27 +598,30 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
 /// while the second is in flight; O~'s rescale by the new factors waits for
 /// it. Row for row the same operations in the same order as steps 1-4:
 /// O~ is rescaled by tile j + 1's factors before P~_{j+1} V_{j+1} is added,
-/// and by tile j's after. Costs P~_{j+1} in 16 packed registers beside S_j.
+/// and by tile j's after. Costs P~_{j+1} in Bc / 4 packed registers (32 at
+/// Bc = 128) beside S_j.
 template <typename Elem, typename C, typename Turn, typename Pass>
 __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& s,
                                         std::uint32_t q_addr, int n_blocks, int unmasked_keys,
                                         const int (&keys_seen)[2], unsigned& tiles,
-                                        float (&O)[C::kColBlocks][32], float (&m)[2],
+                                        float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
                                         float (&l)[2], Turn my_turn, Pass your_turn) {
   if (n_blocks == 0) return;
   float alpha[2];
   // The last visited tile alone: its scores, softmax and rescale.
-  float S[32];
+  float S[C::kSRegs];
   int b_prev = tiles % kStages;
   sm90::mbarrier_wait(s.full(b_prev), tiles / kStages % 2);
   my_turn();
   qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b_prev)), p.negate_q);
   your_turn();
-  if (unmasked_keys - (n_blocks - 1) * kBc < kBc) mask_scores(S, (n_blocks - 1) * kBc, keys_seen);
+  if (unmasked_keys - (n_blocks - 1) * C::kBc < C::kBc) {
+    mask_scores(S, (n_blocks - 1) * C::kBc, keys_seen);
+  }
   if (softmax_scores(S, m, l, alpha, p.scale_log2)) rescale_output<C>(O, alpha);
   ++tiles;
   for (int j = n_blocks - 2; j >= 0; --j, ++tiles) {
-    const int key0 = j * kBc;
+    const int key0 = j * C::kBc;
     const int b = tiles % kStages;
     std::uint32_t a[C::kPVSteps][4];
     pack_p<Elem, C>(a, S);  // P~_{j+1}, before the fence
@@ -603,11 +644,11 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
     your_turn();
     sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
     sm90::fence_accumulators(S);
-    if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+    if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
     const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
     sm90::wgmma_wait<0>();
 #pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) sm90::fence_accumulators(O[cb]);
+    for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
     sm90::mbarrier_arrive(s.empty(b_prev));  // done with tile j + 1's buffer
     if (moved) rescale_output<C>(O, alpha);
     b_prev = b;
@@ -619,12 +660,15 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
   sm90::mbarrier_arrive(s.empty(b_prev));
 }
 
-/// The first of step 4's two named barriers (0 is __syncthreads'): consumer
-/// w waits on kTurn + w.
+/// The first of step 4's named barriers, one per consumer (0 is
+/// __syncthreads'): consumer w waits on kTurn + w.
 inline constexpr int kTurn = 1;
+/// Threads a turn barrier counts: the waiting consumer's 128 and the 128
+/// arrivals of the one that passes it the turn.
+inline constexpr int kTurnThreads = 2 * kThreads;
 
-/// Consumer w (0 or 1): Algorithm 1 for rows q_row0 .. q_row0 + 63 of every
-/// head of the block, on the buffers the producer fills.
+/// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows q_row0 ..
+/// q_row0 + 63 of every head of the block, on the buffers the producer fills.
 template <typename Elem, typename C>
 __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w, int q_row0,
                                int n_blocks) {
@@ -640,39 +684,42 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
   }
   const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
   const std::uint32_t q_addr = sm90::smem_address(s.Qi(w));
-  // Step 4's token: consumer w may use the tensor cores once its barrier
-  // kTurn + w has seen its own 128 threads and the other consumer's
-  // 128 arrivals; it passes the token on with an arrival at the other's.
+  // Step 4's token, passed round the consumers 0, 1, (2,) 0, ...: consumer
+  // w may use the tensor cores once its barrier kTurn + w has seen its own
+  // 128 threads and the previous consumer's 128 arrivals; it passes the
+  // token on with an arrival at the next one's.
   auto my_turn = [&] {
-    if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, C::kConsumerThreads);
+    if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, kTurnThreads);
   };
   auto your_turn = [&] {
-    if constexpr (C::kPingPong) sm90::named_barrier_arrive(kTurn + 1 - w, C::kConsumerThreads);
+    if constexpr (C::kPingPong) {
+      sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
+    }
   };
   unsigned tiles = 0, heads = 0;
   for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
-    float O[C::kColBlocks][32];
+    float O[C::kOutChains][C::kORegs];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+    for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
-      for (int r = 0; r < 32; ++r) O[cb][r] = 0.0f;
+      for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
     }
     sm90::mbarrier_wait(s.q_full(), heads % 2);
-    if (w == 1) your_turn();  // consumer 0 goes first
+    if (w == C::kConsumers - 1) your_turn();  // consumer 0 goes first
     if constexpr (C::kOverlap) {
       overlapped_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
                                 my_turn, your_turn);
     } else {
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
-        const int key0 = j * kBc;
+        const int key0 = j * C::kBc;
         const int b = tiles % kStages;
         sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
-        float S[32];
+        float S[C::kSRegs];
         my_turn();
         qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);
         your_turn();  // the other consumer's product runs under this softmax
-        if (unmasked_keys - key0 < kBc) mask_scores(S, key0, keys_seen);
+        if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
         online_softmax<C>(S, O, m, l, p.scale_log2);
         my_turn();
         pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
@@ -680,8 +727,8 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
         sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
       }
     }
-    // Consumer 0 takes the turn consumer 1 passed last (or first, when
-    // there is no tile): every arrival on a turn barrier is matched.
+    // Consumer 0 takes the turn the last consumer passed last (or first,
+    // when there is no tile): every arrival on a turn barrier is matched.
     if (w == 0) my_turn();
     sm90::mbarrier_arrive(s.q_empty());   // and with Qi
     write_output<Elem, C>(p, bh, q_row0, O, m, l);
@@ -701,14 +748,15 @@ __device__ inline WsBlock ws_block(const Params<Elem>& p) {
   const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
   const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
   const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
-  return {row0, keys == 0 ? 0 : (keys - 1) / kBc + 1};
+  return {row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
 }
 
 /// Step 3's kernel: one block of three warpgroups per (Q block of 128
-/// rows, head). The register cap at entry (384 threads, one block per SM:
-/// 168 each) is what setmaxnreg redistributes.
+/// rows, head), four per (192 rows, head) at d = 64. The register cap at
+/// entry (384 threads at one block per SM: 168 each; 512: 128) is what
+/// setmaxnreg redistributes.
 template <typename Elem, typename C>
-__global__ void __launch_bounds__(kWsThreads, 1)
+__global__ void __launch_bounds__(C::kBlockThreads, 1)
     hopper_ws_kernel(const Params<Elem> p, const __grid_constant__ TensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -723,17 +771,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     sm90::fence_proxy_async_shared();  // the copy engine sees the initialized barriers
   }
   __syncthreads();  // the last block-wide barrier: the roles split here
-  // Nothing computed above lives past setmaxnreg (the producer keeps 24
-  // registers: what lived longer would be spilled), so each role works out
-  // its rows and K/V blocks for itself.
+  // Nothing computed above lives past setmaxnreg (the producer keeps 40 or
+  // 32 registers: what lived longer would be spilled), so each role works
+  // out its rows and K/V blocks for itself.
   if (threadIdx.x / kThreads == 0) {
-    sm90::setmaxnreg_dec<kProducerRegs>();
+    sm90::setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x == 0) {
       const WsBlock blk = ws_block<C>(p);
       produce<Elem, C>(p, maps, s, blk.row0, blk.n_blocks);
     }
   } else {
-    sm90::setmaxnreg_inc<kConsumerRegs>();
+    sm90::setmaxnreg_inc<C::kConsumerRegs>();
     const WsBlock blk = ws_block<C>(p);
     const int w = threadIdx.x / kThreads - 1;
     consume<Elem, C>(p, s, w, blk.row0 + w * kBr, blk.n_blocks);

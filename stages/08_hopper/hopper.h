@@ -17,7 +17,8 @@ inline constexpr std::int64_t kMaxGridY = 65535;
 
 /// The forward of one step, bf16 or fp16: one thread block per (Q block,
 /// head), of one warpgroup and 64 rows (steps 1-2) or of a producer and two
-/// consumer warpgroups and 128 rows (steps 3-5). Defined in the step's own
+/// consumer warpgroups and 128 rows (steps 3-5; three and 192 rows at
+/// d = 64). Defined in the step's own
 /// .cu file.
 template <Step kStep>
 void forward(const Problem& p, const ForwardTensors& t, Stream stream);

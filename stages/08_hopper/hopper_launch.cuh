@@ -43,16 +43,18 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 /// The tensor map of a [heads, rows, d] array of Elem: 3-D (d, rows, heads),
 /// innermost first, so that a box never runs into the next head (rows past
 /// the end arrive as zeros); boxes of 64 columns (128 bytes, the widest the
-/// 128-byte swizzle takes) x 64 rows x 1 head.
+/// 128-byte swizzle takes) x box_rows rows (kBr for Q, Bc for K and V; at
+/// most 256) x 1 head.
 template <typename Elem>
-CUtensorMap make_tensor_map(const Elem* base, std::int64_t heads, int rows, int d) {
+CUtensorMap make_tensor_map(const Elem* base, std::int64_t heads, int rows, int d, int box_rows) {
   constexpr int kElemBytes = 2;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(heads)};
   // Bytes between consecutive rows and heads (dimension 0 is contiguous).
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * kElemBytes,
                                  static_cast<cuuint64_t>(rows) * d * kElemBytes};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(sm90::kSwizzleRowElems), kBc, 1};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(sm90::kSwizzleRowElems),
+                             static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUtensorMapDataType type = std::is_same_v<Elem, __nv_bfloat16>
                                        ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -102,28 +104,29 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   const Params<Elem> prm = make_params<Elem>(p, t);
   TensorMaps maps{};
   if constexpr (kTma) {
-    maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d);
-    maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d);
-    maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d);
+    maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
+    maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d, C::kBc);
+    maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
   }
   const std::int64_t Tr = (p.Nq - 1) / kBr + 1;
   const dim3 grid(static_cast<unsigned>(Tr), static_cast<unsigned>(std::min(p.heads(), kMaxGridY)));
   launch_with_smem(hopper_kernel<Elem, C>, grid, kThreads, C::kSmemBytes, stream, what, prm, maps);
 }
 
-/// The kernel of steps 3-4: blocks of 128 rows, three warpgroups.
+/// The kernel of steps 3-5: blocks of 128 rows and three warpgroups, or of
+/// 192 rows and four at d = 64.
 template <typename Elem, int kHeadDim, Step kStep>
 void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   using C = WsConfig<kHeadDim, kStep>;
   const Params<Elem> prm = make_params<Elem>(p, t);
   TensorMaps maps{};
-  maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d);
-  maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d);
-  maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d);
+  maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
+  maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d, C::kBc);
+  maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
   const std::int64_t Tr = (p.Nq - 1) / C::kBlockRows + 1;
   const dim3 grid(static_cast<unsigned>(Tr), static_cast<unsigned>(std::min(p.heads(), kMaxGridY)));
-  launch_with_smem(hopper_ws_kernel<Elem, C>, grid, kWsThreads, C::kSmemBytes, stream, what, prm,
-                   maps);
+  launch_with_smem(hopper_ws_kernel<Elem, C>, grid, C::kBlockThreads, C::kSmemBytes, stream, what,
+                   prm, maps);
 }
 
 template <typename Elem, bool kTma>

@@ -2,9 +2,10 @@
 // grid, tiles and numerics, counting what hopper_model.cpp counts. Read it
 // beside attend_q_block:
 // - one thread block per (Q block, head), heaviest first: 64 rows per
-//   consumer warpgroup, one in steps 1-2 and two from step 3; K/V blocks of
-//   Bc = 64 keys from the last visited one down, the causal blocks above
-//   the diagonal skipped;
+//   consumer warpgroup, one in steps 1-2 and two from step 3 (three at
+//   d <= 64: consumer_warpgroups); K/V blocks of
+//   Bc = key_tile(d bucket) keys (128 at d <= 128, 64 at d = 256) from the
+//   last visited one down, the causal blocks above the diagonal skipped;
 // - each consumer warpgroup's wgmma chains read its rows of Qi (S's A
 //   operand) once per tile and Kj, Vj (the B operands) once for its 64 rows;
 // - bf16 or fp16 Q, K, V, O; fp32 S, O~, m, l, L; the online softmax in log2
@@ -51,10 +52,11 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
   const float* Kh = t.K + bh * p.Nk * d;  // [Nk, d]
   const float* Vh = t.V + bh * p.Nk * d;  // [Nk, d]
   const std::int64_t Br = consumers * kBr;
+  const std::int64_t Bc = key_tile(head_dim_bucket(d));
   const std::int64_t row0 = i * Br;
   const std::int64_t R = std::min<std::int64_t>(Br, p.Nq - row0);
-  const std::int64_t n = ceil_div(p.visible_keys(row0 + R - 1), kBc);
-  chip.cost.skipped_tiles += ceil_div(p.Nk, kBc) - n;
+  const std::int64_t n = ceil_div(p.visible_keys(row0 + R - 1), Bc);
+  chip.cost.skipped_tiles += ceil_div(p.Nk, Bc) - n;
 
   Tile Qi(p.dtype), Kj(p.dtype), Vj(p.dtype);
   chip.load(Qh + row0 * d, R, d, Qi);  // line 4, even when n = 0
@@ -62,8 +64,8 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
   std::vector<float> m_i(static_cast<size_t>(R), -kInf), l_i(static_cast<size_t>(R), 0.0f);
 
   for (std::int64_t j = n - 1; j >= 0; --j) {  // line 6
-    const std::int64_t key0 = j * kBc;
-    const std::int64_t C = std::min<std::int64_t>(kBc, p.Nk - key0);
+    const std::int64_t key0 = j * Bc;
+    const std::int64_t C = std::min<std::int64_t>(Bc, p.Nk - key0);
     chip.load(Kh + key0 * d, C, d, Kj);  // line 7
     chip.load(Vh + key0 * d, C, d, Vj);
     // Each consumer warpgroup w in turn, on its rows r0 .. r0 + rows - 1 (none
@@ -130,7 +132,7 @@ Cost mirror(const Problem& p, const HostTensors& t) {
   const float scale_log2 = scale == 0.0f ? kMinNormal : scale;
   const bool negate_q = p.softmax_scale() < 0.0;
   Chip chip;
-  const std::int64_t consumers = consumer_warpgroups(kStep);
+  const std::int64_t consumers = consumer_warpgroups(kStep, head_dim_bucket(p.d));
   const std::int64_t Tr = ceil_div(p.Nq, consumers * kBr);
   const std::int64_t grid_y = std::min(p.heads(), kMaxGridY);
   chip.cost.thread_blocks = Tr * grid_y;

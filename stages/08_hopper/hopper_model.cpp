@@ -2,8 +2,9 @@
 //
 // FlashAttention-2's work (common/fa2_model.cpp states the counting
 // conventions) on this stage's tiles (hopper_tiles.h: blocks of Br = 64
-// rows per consumer warpgroup, one in steps 1-2 and two from step 3;
-// Bc = 64), in
+// rows per consumer warpgroup, one in steps 1-2 and two from step 3, three
+// at d <= 64;
+// Bc = key_tile(d bucket): 128 keys at d <= 128, 64 at d = 256), in
 // 16-bit elements (L stays 4 bytes); valid elements only. For one head,
 // summed over Q blocks i of R_i valid rows that visit n_i K/V tiles holding
 // C_i = min(n_i Bc, Nk) keys:
@@ -47,15 +48,16 @@ template <Step kStep>
 Cost model(const Problem& p) {
   const std::int64_t e = dtype_bytes(p.dtype);
   const std::int64_t d = p.d;
-  const std::int64_t consumers = consumer_warpgroups(kStep);
+  const std::int64_t consumers = consumer_warpgroups(kStep, head_dim_bucket(p.d));
   const std::int64_t Br = consumers * kBr;
+  const std::int64_t Bc = key_tile(head_dim_bucket(d));
   const std::int64_t Tr = ceil_div(p.Nq, Br);
-  const std::int64_t Tc = ceil_div(p.Nk, kBc);
+  const std::int64_t Tc = ceil_div(p.Nk, Bc);
   Cost head;
   for (std::int64_t i = 0; i < Tr; ++i) {
     const std::int64_t R = std::min<std::int64_t>(Br, p.Nq - i * Br);
-    const std::int64_t n = ceil_div(p.visible_keys(i * Br + R - 1), kBc);
-    const std::int64_t C = std::min(n * kBc, p.Nk);
+    const std::int64_t n = ceil_div(p.visible_keys(i * Br + R - 1), Bc);
+    const std::int64_t C = std::min(n * Bc, p.Nk);
     head.skipped_tiles += Tc - n;
     const std::int64_t qi = R * d * e;      // bytes of Qi, and of O_i
     const std::int64_t kv = 2 * C * d * e;  // of Kj and Vj over the visited tiles
@@ -126,9 +128,9 @@ std::vector<Stage> stages_08_hopper() {
       entry<Step::kTmaPipeline>("08_step2_tma_pipeline", "+ TMA pipeline on mbarriers",
                                 {DType::kBf16}),
       entry<Step::kWarpSpecialized>("08_step3_warp_specialized",
-                                    "+ warp specialization: producer, 2 consumers, setmaxnreg",
+                                    "+ warp specialization: producer, 2 or 3 consumers, setmaxnreg",
                                     {DType::kBf16}),
-      entry<Step::kPingPong>("08_step4_ping_pong", "+ ping-pong of the two consumer warpgroups",
+      entry<Step::kPingPong>("08_step4_ping_pong", "+ ping-pong of the consumer warpgroups",
                              {DType::kBf16}),
       entry<Step::kIntraOverlap>("08_hopper", "+ softmax under the next product (intra-warpgroup)",
                                  {DType::kBf16, DType::kFp16}),

@@ -21,13 +21,14 @@ enum class Step : int {
   kTmaPipeline = 2,
   /// + warp specialization (FlashAttention-3 §3.1): a producer warpgroup,
   ///   one thread of which issues every TMA copy, gives registers away
-  ///   (setmaxnreg.dec); two consumer warpgroups of 64 rows each take them
-  ///   (setmaxnreg.inc) and run the products and the softmax. Buffers are
-  ///   handed over by full and empty mbarriers, never by a block barrier.
+  ///   (setmaxnreg.dec); two consumer warpgroups of 64 rows each (three at
+  ///   d = 64: consumer_warpgroups) take them (setmaxnreg.inc) and run the
+  ///   products and the softmax. Buffers are handed over by full and empty
+  ///   mbarriers, never by a block barrier.
   kWarpSpecialized = 3,
-  /// + ping-pong (FlashAttention-3 §3.1): the two consumer warpgroups take
-  ///   turns on the tensor cores, a token passed on two named barriers
-  ///   around each product, so that one's softmax runs while the other's
+  /// + ping-pong (FlashAttention-3 §3.1): the consumer warpgroups take
+  ///   turns on the tensor cores, a token passed round them on named barriers
+  ///   around each product, so that one's softmax runs while another's
   ///   wgmma does.
   kPingPong = 4,
   /// + intra-warpgroup overlap (FlashAttention-3 §3.2, Algorithm 2): each
@@ -48,32 +49,67 @@ constexpr std::string_view step_slug(Step step) {
   return "step5_intra_overlap";
 }
 
-/// Consumer warpgroups per block: one in steps 1-2 (which it shares with the
-/// copies), two from step 3 (beside the producer warpgroup), as
-/// FlashAttention-3 runs d = 64 and 128.
-constexpr int consumer_warpgroups(Step step) { return step >= Step::kWarpSpecialized ? 2 : 1; }
-
-/// Rows of Q per consumer warpgroup: one m64 wgmma tall. A block holds
-/// consumer_warpgroups(step) x kBr rows of Q (the paper's Br).
-inline constexpr int kBr = 64;
-/// Keys per K/V tile (the paper's Bc): one n64 wgmma wide for S, and one
-/// 128-byte swizzle row of Vj's column blocks for O += P V.
-inline constexpr int kBc = 64;
 /// Threads per warpgroup, and per block in steps 1-2.
 inline constexpr int kThreads = 128;
-/// Threads per block from step 3: the producer and two consumer warpgroups.
-inline constexpr int kWsThreads = 3 * kThreads;
-/// Registers per thread after setmaxnreg (step 3): the producer keeps 40,
-/// the consumers take 232 (40 x 128 + 2 x 232 x 128 = 64512 of the SM's
-/// 65536), one of FlashAttention-3's splits for two consumer warpgroups;
-/// with 24 the producer's copy loop spilled at d = 128 and 256.
-inline constexpr int kProducerRegs = 40;
-inline constexpr int kConsumerRegs = 232;
+
+/// Consumer warpgroups per block: one in steps 1-2 (which it shares with the
+/// copies); from step 3, beside the producer warpgroup, as FlashAttention-3
+/// runs them (its hopper/tile_size.h): three at d = 64, blocks of 192 rows,
+/// so that each K/V tile, copied and handed over once, serves 192 rows of Q
+/// (a consumer's S, P~ and O~ at d = 64, 128 fp32 and packed registers,
+/// fit the 160 three consumers can take); two at d = 128 and 256, whose O~
+/// of 64 or 128 registers needs the 232 two can take.
+constexpr int consumer_warpgroups(Step step, int head_dim_bucket) {
+  if (step < Step::kWarpSpecialized) return 1;
+  return head_dim_bucket <= 64 ? 3 : 2;
+}
+/// Threads per block from step 3: the producer and the consumer warpgroups.
+constexpr int ws_threads(int consumers) { return (1 + consumers) * kThreads; }
+/// Registers per thread after setmaxnreg (step 3), FlashAttention-3's splits
+/// of the SM's 65536 at one block per SM. Two consumers: the producer keeps
+/// 40, they take 232 (40 x 128 + 2 x 232 x 128 = 64512); with 24 the
+/// producer's copy loop spilled at d = 128 and 256. Three (d = 64): 32 and
+/// 160 (32 x 128 + 3 x 160 x 128 = 65536); 40 and 152 would spill step 5's
+/// consumer, and ptxas then serializes its wgmma. The producer fits 32 with
+/// its K/V loop kept rolled (produce).
+constexpr int producer_regs(int consumers) { return consumers == 2 ? 40 : 32; }
+constexpr int consumer_regs(int consumers) { return consumers == 2 ? 232 : 160; }
+
+/// Rows of Q per consumer warpgroup: one m64 wgmma tall. A block holds
+/// consumer_warpgroups(step, d bucket) x kBr rows of Q (the paper's Br).
+inline constexpr int kBr = 64;
+/// Keys per K/V tile (the paper's Bc) of a head-dimension bucket, every step
+/// alike; S = Qi Kj^T is one m64nBck16 wgmma chain wide, and O~ += P~ Vj a
+/// chain of Bc / 16 k16 steps. FlashAttention-3's choices (its
+/// hopper/tile_size.h), for the same reason: each product must be long
+/// enough for ping-pong and the in-consumer overlap to hide a softmax under.
+/// - d = 64 and 128: 128 keys, m64n128k16 for S. A consumer thread holds S
+///   (64 fp32), P~ (32 packed) and O~ (32 or 64 fp32) inside its 160 or 232
+///   registers; two buffers of Kj and Vj take 64 or 128 KiB beside Qi's 24
+///   or 32 KiB (three or two consumers' 64 rows).
+/// - d = 256: 64 keys, m64n64k16. O~ alone is 128 registers, and S of 128
+///   keys beside it would leave the softmax none; two buffers of 128-key
+///   Kj and Vj would take 256 KiB, more than the 227 KiB a block may have.
+constexpr int key_tile(int head_dim_bucket) { return head_dim_bucket <= 128 ? 128 : 64; }
+/// Columns of O~ per wgmma of O~ += P~ Vj, for a head-dimension bucket: all
+/// of d up to 128 (m64n64k16 at d = 64, m64n128k16 at d = 128, as
+/// FlashAttention-3 takes n = d): the wider the instruction, the fewer of
+/// them and the fewer times P~'s A registers are passed. At d = 256 two
+/// chains of n128: the same registers as one n256, with half the operands
+/// in one asm statement.
+constexpr int out_tile(int head_dim_bucket) {
+  return head_dim_bucket < 128 ? head_dim_bucket : 128;
+}
 /// K/V buffers of the TMA pipeline (step 2): two, so that the next tile's
 /// copy runs under this tile's products and softmax. At d = 256 two stages
-/// of Kj and Vj take 128 KiB beside Qi's 32 KiB, inside the 227 KiB a block
-/// may have.
+/// of Kj and Vj (64 keys) take 128 KiB beside the two consumers' 64 KiB of
+/// Qi, inside the 227 KiB a block may have; at d = 128, 128 KiB (128 keys)
+/// beside 32 KiB.
 inline constexpr int kStages = 2;
+
+/// Shared memory one block may opt in to on sm_90 (227 KiB): the kernels'
+/// budgets are checked against it at compile time.
+inline constexpr int kMaxSmemBytes = 227 * 1024;
 
 /// log2(e) and ln(2), as in stage 07: exponentials as exp2, scale folded in.
 inline constexpr double kLog2e = 1.4426950408889634;

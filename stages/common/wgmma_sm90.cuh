@@ -160,8 +160,105 @@ __device__ inline void wgmma_m64n64k16_rs(float (&acc)[32], const std::uint32_t 
   }
 }
 
+// The 64 accumulator operands of an m64n128 fp32 wgmma, and %0 .. %63.
+#define FLASHSTEP_ACC64(a) \
+  "+f"(a[0]), "+f"(a[1]), "+f"(a[2]), "+f"(a[3]), "+f"(a[4]), "+f"(a[5]), "+f"(a[6]), \
+  "+f"(a[7]), "+f"(a[8]), "+f"(a[9]), "+f"(a[10]), "+f"(a[11]), "+f"(a[12]), "+f"(a[13]), \
+  "+f"(a[14]), "+f"(a[15]), "+f"(a[16]), "+f"(a[17]), "+f"(a[18]), "+f"(a[19]), \
+  "+f"(a[20]), "+f"(a[21]), "+f"(a[22]), "+f"(a[23]), "+f"(a[24]), "+f"(a[25]), \
+  "+f"(a[26]), "+f"(a[27]), "+f"(a[28]), "+f"(a[29]), "+f"(a[30]), "+f"(a[31]), \
+  "+f"(a[32]), "+f"(a[33]), "+f"(a[34]), "+f"(a[35]), "+f"(a[36]), "+f"(a[37]), \
+  "+f"(a[38]), "+f"(a[39]), "+f"(a[40]), "+f"(a[41]), "+f"(a[42]), "+f"(a[43]), \
+  "+f"(a[44]), "+f"(a[45]), "+f"(a[46]), "+f"(a[47]), "+f"(a[48]), "+f"(a[49]), \
+  "+f"(a[50]), "+f"(a[51]), "+f"(a[52]), "+f"(a[53]), "+f"(a[54]), "+f"(a[55]), \
+  "+f"(a[56]), "+f"(a[57]), "+f"(a[58]), "+f"(a[59]), "+f"(a[60]), "+f"(a[61]), \
+  "+f"(a[62]), "+f"(a[63])
+#define FLASHSTEP_ACC64_PLACES \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+/// The same as wgmma_m64n64k16_ss, 128 columns wide: acc (m64 x n128 fp32,
+/// accumulator_coord with registers 0..63) += kScaleA A (m64 x k16) *
+/// B (k16 x n128). A K-major B descriptor names 16 atoms of 8 n rows, SBO
+/// apart: 128 rows of Kj for S = Qi Kj^T, one instruction wide.
+template <typename Elem, int kScaleA, int kTransposeB>
+__device__ inline void wgmma_m64n128k16_ss(float (&acc)[64], std::uint64_t desc_a,
+                                           std::uint64_t desc_b, int accumulate) {
+  static_assert(kScaleA == 1 || kScaleA == -1, "imm-scale-a is 1 or -1");
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHSTEP_ACC64_PLACES
+        ", %64, %65, p, %67, 1, 0, %68;\n}\n"
+        : FLASHSTEP_ACC64(acc)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kScaleA), "n"(kTransposeB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FLASHSTEP_ACC64_PLACES
+        ", %64, %65, p, %67, 1, 0, %68;\n}\n"
+        : FLASHSTEP_ACC64(acc)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kScaleA), "n"(kTransposeB));
+  }
+}
+
+/// A and B in shared memory, kN (64 or 128) columns wide: the one above of
+/// that width, for a caller whose tile width is a template parameter.
+template <typename Elem, int kN, int kScaleA, int kTransposeB>
+__device__ inline void wgmma_m64nNk16_ss(float (&acc)[kN / 2], std::uint64_t desc_a,
+                                         std::uint64_t desc_b, int accumulate) {
+  static_assert(kN == 64 || kN == 128, "wrapped widths: n64 and n128");
+  if constexpr (kN == 64) {
+    wgmma_m64n64k16_ss<Elem, kScaleA, kTransposeB>(acc, desc_a, desc_b, accumulate);
+  } else {
+    wgmma_m64n128k16_ss<Elem, kScaleA, kTransposeB>(acc, desc_a, desc_b, accumulate);
+  }
+}
+
+/// The same as wgmma_m64n64k16_rs, 128 columns wide: acc (m64 x n128 fp32)
+/// += A (m64 x k16, in registers) * B (k16 x n128). An MN-major B descriptor
+/// names two 64-column blocks, LBO apart: 128 columns of Vj for O~ += P~ Vj
+/// (d = 128), P~'s registers passed once for all of them.
+template <typename Elem, int kTransposeB>
+__device__ inline void wgmma_m64n128k16_rs(float (&acc)[64], const std::uint32_t (&a)[4],
+                                           std::uint64_t desc_b, int accumulate) {
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHSTEP_ACC64_PLACES
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : FLASHSTEP_ACC64(acc)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate),
+          "n"(kTransposeB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FLASHSTEP_ACC64_PLACES
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : FLASHSTEP_ACC64(acc)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate),
+          "n"(kTransposeB));
+  }
+}
+
+/// A in registers, kN (64 or 128) columns wide.
+template <typename Elem, int kN, int kTransposeB>
+__device__ inline void wgmma_m64nNk16_rs(float (&acc)[kN / 2], const std::uint32_t (&a)[4],
+                                         std::uint64_t desc_b, int accumulate) {
+  static_assert(kN == 64 || kN == 128, "wrapped widths: n64 and n128");
+  if constexpr (kN == 64) {
+    wgmma_m64n64k16_rs<Elem, kTransposeB>(acc, a, desc_b, accumulate);
+  } else {
+    wgmma_m64n128k16_rs<Elem, kTransposeB>(acc, a, desc_b, accumulate);
+  }
+}
+
 #undef FLASHSTEP_ACC32
 #undef FLASHSTEP_ACC32_PLACES
+#undef FLASHSTEP_ACC64
+#undef FLASHSTEP_ACC64_PLACES
 
 /// Two fp32 values rounded to Elem and packed into one 32-bit register, the
 /// lower column in the low half (the A operand's element order).
