@@ -775,6 +775,29 @@ void launch_bucket(const Params<Elem>& prm, Stream stream) {
   }
 }
 
+// Blocks of the split kernel for bucket kD one SM of the current device
+// holds, by the occupancy API (after the same opt-in to its shared memory as
+// its launch).
+template <typename Kernel>
+int occupancy(Kernel kernel, int threads, std::size_t smem_bytes) {
+  const int smem = static_cast<int>(smem_bytes);
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "stage 09: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  int blocks = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem),
+             "stage 09: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return blocks;
+}
+
+template <int kD, typename Elem>
+int occupancy() {
+  if constexpr (std::is_same_v<Elem, float>) {
+    return occupancy(split_kernel<kD, Elem>, kThreads, Smem<kD, Elem>::kBytes);
+  } else {
+    return occupancy(split_mma_kernel<kD, Elem>, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes);
+  }
+}
+
 template <typename Elem>
 void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
             const std::int32_t* seqlens, Stream stream) {
@@ -827,6 +850,19 @@ void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens,
 }
 
 }  // namespace
+
+int device_resident_blocks(const Problem& p) {
+  int blocks = 0;
+  with_element_type(p.dtype, [&](auto elem) {
+    using Elem = decltype(elem);
+    switch (head_dim_bucket(p.d)) {
+      case 64: blocks = occupancy<64, Elem>(); break;
+      case 128: blocks = occupancy<128, Elem>(); break;
+      default: blocks = occupancy<256, Elem>(); break;
+    }
+  });
+  return blocks;
+}
 
 void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   run(p, t, nullptr, stream, true);

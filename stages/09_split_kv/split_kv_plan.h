@@ -83,11 +83,39 @@ constexpr int mma_tile_keys(int kD) { return kMmaWarps / mma_row_groups(kD) * kW
 /// flight in 64 KiB.
 constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : 3; }
 
-/// Blocks to aim for per SM (the split rule, make_plan below): more than fit
-/// at once (two at d = 128 in fp32: 128 registers a thread, 87 KiB of shared
-/// memory a block), so that blocks that finish early are replaced and the
-/// last wave is short. A starting point for the decode sweep to tune.
-inline constexpr std::int64_t kBlocksPerSm = 4;
+/// Thread blocks of the split kernel that one SM holds at once on sm_90
+/// (H100, H200: 64 K registers, 228 KiB of shared memory, 1 KiB of it
+/// reserved per block), for p's element type and head-dimension bucket: the
+/// fewer of what the registers (ptxas -v) and the shared memory allow.
+///
+///   fp32 (split_kernel, 256 threads)   d = 64, 128: 128 registers, 2 blocks
+///                                      d = 256: 214 registers, 1 block
+///   16 bits (split_mma_kernel, 128)    d = 64: 167 registers, 69 KiB: 3
+///                                      d = 128: 245 registers, 105 KiB: 2
+///                                      d = 256: 255 registers, 113 KiB: 2
+///
+/// The split rule counts waves of blocks with it; a GPU test checks it
+/// against the occupancy the device reports (test_kvcache_gpu.cpp).
+constexpr int resident_blocks(DType t, int kD) {
+  if (t == DType::kFp32) return kD <= 128 ? 2 : 1;
+  return kD <= 64 ? 3 : 2;
+}
+/// Split only while the unsplit grid fills less than this share of the
+/// resident slots (SMs x resident_blocks): above it the split's gain is a
+/// short last wave, and its cost (the partials written and read back, a
+/// second kernel) is paid in full. The measured decode sweep shows it: with
+/// B * H_kv = 256 blocks on 264 slots, 3 splits took 0.147 ms, one 0.139.
+inline constexpr double kFullGrid = 0.8;
+/// Of the split counts, the fewest whose waves are at least this share as
+/// full as the fullest any count reaches (below). Every block of a wave
+/// reads as many keys, so a wave takes the same time however few blocks it
+/// has: 544 blocks on 264 slots (2.06 waves) cost 3 waves, half again the
+/// time of 512 blocks. Among full enough counts the fewest splits: longer
+/// blocks (less pipeline fill and drain per key) and less merge work. 0.95
+/// rather than FlashAttention-2's 0.85: a wave 85 % full leaves 40 of 132
+/// SMs with one block, whose 1 to 2 K/V tiles in flight may not cover the
+/// SM's share of the bandwidth.
+inline constexpr double kWaveFill = 0.95;
 /// At least this many keys per split, so that the partials (d + 1 floats per
 /// row and split, written and read back by the merge) stay small beside the
 /// K and V a split reads (2 d elements per key): at 256 keys they are under
@@ -98,8 +126,8 @@ inline constexpr std::int64_t kMaxSplits = 128;
 /// The SM count the model and the CPU mirror plan for (H100 SXM and H200
 /// both have 132); the GPU plans for its own.
 inline constexpr int kModelSmCount = 132;
-/// An SM count above any GPU's, for sizing the workspace without a GPU: the
-/// split count only grows with the SM count, so this bounds every run's.
+/// An SM count above any GPU's, for sizing the workspace without a GPU
+/// (max_splits below).
 inline constexpr int kMaxSmCount = 1024;
 /// Largest grid x (CUDA's limit); beyond it blocks walk the rest.
 inline constexpr std::int64_t kMaxGridX = 2147483647;
@@ -114,30 +142,77 @@ struct Plan {
   std::int64_t keys_per_split = 0;  ///< a multiple of kBc (the last split may hold fewer)
 };
 
-/// The split count: enough blocks to fill the GPU, no more.
+/// Keys of each split when Nk keys are dealt out to at most `splits` splits
+/// in whole tiles of kBc keys: kBc ceil(Nk / (splits kBc)). The splits that
+/// get keys are then ceil(Nk / keys_per_split), which may be fewer.
+inline std::int64_t keys_per_split(std::int64_t Nk, std::int64_t splits) {
+  return ((Nk - 1) / (splits * kBc) + 1) * kBc;
+}
+
+/// Splits allowed for p: min(ceil(Nk / kMinKeysPerSplit), kMaxSplits).
+inline std::int64_t split_cap(const Problem& p) {
+  return std::min((p.Nk - 1) / kMinKeysPerSplit + 1, kMaxSplits);
+}
+
+/// The split count: whole waves of blocks, as few splits as that allows.
 ///
 ///   blocks without splitting  n0 = B * H_kv * row_tiles
-///   wanted                    ceil(kBlocksPerSm * SMs / n0)
-///   splits                    min(wanted, ceil(Nk / kMinKeysPerSplit), kMaxSplits), >= 1
+///   resident slots            R = SMs * resident_blocks(type, d bucket)
+///   cap                       min(ceil(Nk / kMinKeysPerSplit), kMaxSplits)
+///   n0 >= kFullGrid R         1 split (the GPU is full already)
+///   n0 cap <= R               cap splits (one wave holds them all)
+///   otherwise                 for S = 1 .. cap, dealt out as S' splits:
+///                             fill(S) = n0 S' / (R ceil(n0 S' / R)), the
+///                             waves' mean fullness; the fewest S' with
+///                             fill >= kWaveFill * the best fill
 ///
-/// then the keys are dealt out in whole tiles, kps = kBc * ceil(Nk / (splits
-/// kBc)), and splits = ceil(Nk / kps) so that no split is empty. A prefill
-/// (many rows) gets 1 split; a decode of B * H_kv = 8 heads at Nk = 32k on
-/// 132 SMs wants 66, dealt out as 64 splits of 512 keys. With `split` false
-/// (the one-block contrast) it is 1.
+/// then the keys are dealt out in whole tiles (keys_per_split), so no split is
+/// empty. A decode of B * H_kv = 8 heads at Nk = 32k in 16 bits at d = 128
+/// on 132 SMs (R = 264, cap 128): 31 splits of 1,088 keys, 248 blocks, one
+/// wave 94 % full (the former rule, 4 blocks an SM wanted: 64 splits, 512
+/// blocks); 32 K/V heads, 8 splits, 256 blocks (it took 17, 544 blocks, 2.06
+/// waves); 256 K/V heads: 1 split. A prefill (many rows) gets 1 split. With
+/// `split` false (the one-block contrast) it is 1.
 inline Plan make_plan(const Problem& p, int sm_count, bool split = true) {
   Plan plan;
   plan.group_rows = p.group() * p.Nq;
   plan.row_tiles = (plan.group_rows - 1) / kRows + 1;
   const std::int64_t n0 = p.B * p.kv_heads() * plan.row_tiles;
-  const std::int64_t target = kBlocksPerSm * sm_count;
-  const std::int64_t wanted = (target - 1) / n0 + 1;
-  const std::int64_t by_keys = (p.Nk - 1) / kMinKeysPerSplit + 1;
-  std::int64_t splits = split ? std::max<std::int64_t>(1, std::min({wanted, by_keys, kMaxSplits})) : 1;
-  const std::int64_t per_split = (p.Nk - 1) / splits + 1;
-  plan.keys_per_split = ((per_split - 1) / kBc + 1) * kBc;
+  const std::int64_t slots =
+      static_cast<std::int64_t>(sm_count) * resident_blocks(p.dtype, head_dim_bucket(p.d));
+  const std::int64_t cap = split ? split_cap(p) : 1;
+  std::int64_t splits = 1;
+  if (cap > 1 && n0 < kFullGrid * slots) {
+    if (n0 * cap <= slots) {
+      splits = cap;
+    } else {
+      auto fill = [&](std::int64_t s) {  // the waves' fullness of s splits, as dealt out
+        const std::int64_t blocks = n0 * ((p.Nk - 1) / keys_per_split(p.Nk, s) + 1);
+        return static_cast<double>(blocks) / static_cast<double>(slots * ((blocks - 1) / slots + 1));
+      };
+      double best = 0.0;
+      for (std::int64_t s = 1; s <= cap; ++s) best = std::max(best, fill(s));
+      splits = cap;
+      for (std::int64_t s = 1; s <= cap; ++s) {
+        if (fill(s) >= kWaveFill * best) {
+          splits = s;
+          break;
+        }
+      }
+    }
+  }
+  plan.keys_per_split = keys_per_split(p.Nk, splits);
   plan.splits = (p.Nk - 1) / plan.keys_per_split + 1;
   return plan;
+}
+
+/// The most splits make_plan gives p on any GPU of up to kMaxSmCount SMs (the
+/// workspace's size): the cap, or 1 where n0 fills such a GPU already.
+inline std::int64_t max_splits(const Problem& p) {
+  const std::int64_t n0 = p.B * p.kv_heads() * ((p.group() * p.Nq - 1) / kRows + 1);
+  const std::int64_t slots =
+      static_cast<std::int64_t>(kMaxSmCount) * resident_blocks(p.dtype, head_dim_bucket(p.d));
+  return n0 < kFullGrid * slots ? split_cap(p) : 1;
 }
 
 /// Thread blocks a run launches: the split kernel's grid (row tiles x splits
