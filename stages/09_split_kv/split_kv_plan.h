@@ -68,7 +68,9 @@ inline constexpr int kWarpKeys = 16;
 /// m16 tiles of rows one warp holds, for the head-dimension bucket kD: both
 /// of the row tile's (32 rows) up to d = 128, where a warp's O~ is 2 x 16 x
 /// 128 fp32 = 128 registers a lane; at d = 256 that would be 256, more than
-/// a thread has, so one, and two warps share each key slice.
+/// a thread has, so one, and two warps share each key slice. With at most
+/// 16 rows in the row tile a warp skips its m16 tiles of padding rows
+/// (split_kv.cu).
 constexpr int mma_warp_m_tiles(int kD) { return kD <= 128 ? 2 : 1; }
 /// Warps that share one key slice (each with its own m16 tiles).
 constexpr int mma_row_groups(int kD) { return 2 / mma_warp_m_tiles(kD); }
