@@ -329,12 +329,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
 //
 //   K/V tile of mma_tile_keys(kD) keys, mma_stages(kD) - 1 in flight by cp.async
 //   +---------+---------+---------+---------+
-//   | warp 0  | warp 1  | warp 2  | warp 3  |   d <= 128: 16 keys a warp,
+//   | warp 0  | warp 1  | warp 2  | warp 3  |   d = 64: 16 keys a warp,
 //   | keys    | keys    | keys    | keys    |   all 32 rows (2 m16 tiles)
 //   | 0..15   | 16..31  | 32..47  | 48..63  |
 //   +---------+---------+---------+---------+
-//   d = 256: warps 0, 1 take keys 0..15 (rows 0..15 and 16..31), warps 2, 3
-//   keys 16..31: a warp's O~ is then 16 x 256 fp32, 128 registers a lane.
+//   d = 128, 256: warps 0, 1 take keys 0..15 (rows 0..15 and 16..31), warps
+//   2, 3 keys 16..31: a warp's O~ is then 16 x d fp32 (64 or 128 registers
+//   a lane), and the tile of 32 keys leaves room for more stages.
 //
 // Each warp runs Algorithm 1 on its own slice: its own m, l and O~ for its
 // rows, over the keys k_lo + 16 (w / row groups) + tile_keys t + 0..15. At
@@ -492,9 +493,9 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
 
       // One K/V tile's work (lines 8-10 of Algorithm 1) for the warp's first
       // kLive m16 tiles. A warp whose rows are all padding skips them: with
-      // two m16 tiles a warp (d <= 128) and a row tile of at most 16 rows
+      // two m16 tiles a warp (d = 64) and a row tile of at most 16 rows
       // (G Nq <= 16: Nq = 1 with up to 16 query heads a K/V head) the second
-      // tile, and with one (d = 256, two warps a key slice) the warps of
+      // tile, and with one (d >= 128, two warps a key slice) the warps of
       // rows 16..31: half the mma of S and of P~ V and half the exponentials.
       // Their m, l and O~ stay as set above, and padding rows are never
       // written.

@@ -66,24 +66,30 @@ inline constexpr int kMmaWarps = 4;
 /// (mma.m16n8k16's k = 16), and two n8 tiles of S = Q K^T.
 inline constexpr int kWarpKeys = 16;
 /// m16 tiles of rows one warp holds, for the head-dimension bucket kD: both
-/// of the row tile's (32 rows) up to d = 128, where a warp's O~ is 2 x 16 x
-/// 128 fp32 = 128 registers a lane; at d = 256 that would be 256, more than
-/// a thread has, so one, and two warps share each key slice. With at most
-/// 16 rows in the row tile a warp skips its m16 tiles of padding rows
-/// (split_kv.cu).
-constexpr int mma_warp_m_tiles(int kD) { return kD <= 128 ? 2 : 1; }
+/// of the row tile's (32 rows) at d = 64, where a warp's O~ is 2 x 16 x 64
+/// fp32 = 64 registers a lane. From d = 128 one, and two warps share each
+/// key slice: at d = 256 two would be 256 registers, more than a thread has;
+/// at d = 128 they fit (128), but with one the K/V tile is 32 keys (16 KiB),
+/// so the same shared memory holds twice the stages and more of it is in
+/// flight (mma_stages). With at most 16 rows in the row tile a warp skips
+/// its m16 tiles of padding rows (split_kv.cu).
+constexpr int mma_warp_m_tiles(int kD) { return kD <= 64 ? 2 : 1; }
 /// Warps that share one key slice (each with its own m16 tiles).
 constexpr int mma_row_groups(int kD) { return 2 / mma_warp_m_tiles(kD); }
 /// Keys of one K/V tile of the 16-bit kernel: one slice per warp group.
 constexpr int mma_tile_keys(int kD) { return kMmaWarps / mma_row_groups(kD) * kWarpKeys; }
 /// K/V tiles of the 16-bit kernel in shared memory at once. Decoding is
 /// HBM-bound, so the tiles are there to keep bytes in flight: by Little's law
-/// an SM's share of an H100's ~3.3 TB/s at ~1 us of latency is ~25 KB. A
-/// tile is 32 KiB (64 keys of K and V at d = 128, 32 keys at d = 256), so 3
-/// stages keep 2 tiles (64 KiB) in flight per block in 96 KiB, and two blocks
-/// fit an SM's 228 KiB; at d = 64 (16 KiB tiles) 4 stages keep 48 KiB in
-/// flight in 64 KiB.
-constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : 3; }
+/// an SM's share of an H200's ~4.8 TB/s (36 B/ns) at 1.5 to 2 us of latency
+/// under load is 55 to 75 KB. A block waits for tile t with kStages - 2
+/// younger tiles still coming, then starts tile t + kStages - 1 into the
+/// stage tile t - 1 freed: between kStages - 2 and kStages - 1 tiles in
+/// flight. At d = 128 (16 KiB tiles of 32 keys) 6 stages keep 64 to 80 KiB
+/// in flight per block in 96 KiB, two blocks an SM (3 stages of 32 KiB, as
+/// before, kept 32 to 64); at d = 256 (32 KiB tiles) 3 stages in 96 KiB; at
+/// d = 64 (16 KiB tiles of 64 keys) 4 stages keep 32 to 48 KiB in flight in
+/// 64 KiB, three blocks an SM.
+constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 
 /// Thread blocks of the split kernel that one SM holds at once on sm_90
 /// (H100, H200: 64 K registers, 228 KiB of shared memory, 1 KiB of it
@@ -92,8 +98,8 @@ constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : 3; }
 ///
 ///   fp32 (split_kernel, 256 threads)   d = 64, 128: 128 registers, 2 blocks
 ///                                      d = 256: 214 registers, 1 block
-///   16 bits (split_mma_kernel, 128)    d = 64: 167 registers, 69 KiB: 3
-///                                      d = 128: 245 registers, 105 KiB: 2
+///   16 bits (split_mma_kernel, 128)    d = 64: 168 registers, 69 KiB: 3
+///                                      d = 128: 168 registers, 105 KiB: 2
 ///                                      d = 256: 255 registers, 113 KiB: 2
 ///
 /// The split rule counts waves of blocks with it; a GPU test checks it
