@@ -703,6 +703,7 @@ template <int kD, typename Elem>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem> p) {
   static_assert(kMergeLanes == kWarpSize, "the plan's merge lanes are a warp");
   constexpr int kCols = kD / kWarpSize;  // columns of O per lane
+  constexpr int kSplits = merge_splits(kD);  // splits whose O_s rows are read together
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const std::int64_t rows = p.heads * p.Nq;
@@ -721,12 +722,12 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem>
     float o[kCols];
 #pragma unroll
     for (int k = 0; k < kCols; ++k) o[k] = 0.0f;
-    // kMergeSplits splits at a time: all their reads first, then the sums,
-    // so that the reads are in flight together.
-    for (std::int64_t s0 = 0; s0 < p.splits; s0 += kMergeSplits) {
-      float Lu[kMergeSplits], Ou[kMergeSplits][kCols];
+    // kSplits splits at a time: all their reads first, then the sums (in
+    // split order, as before), so that the reads are in flight together.
+    for (std::int64_t s0 = 0; s0 < p.splits; s0 += kSplits) {
+      float Lu[kSplits], Ou[kSplits][kCols];
 #pragma unroll
-      for (int u = 0; u < kMergeSplits; ++u) {
+      for (int u = 0; u < kSplits; ++u) {
         const std::int64_t s = s0 + u;
         const float* Os = p.O_part + (s * rows + row) * p.d;  // [d]: split s's O_s of this row
         Lu[u] = s < p.splits ? Ls[s * rows] : -INFINITY;    // weight 0 past the last split
@@ -737,7 +738,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem>
         }
       }
 #pragma unroll
-      for (int u = 0; u < kMergeSplits; ++u) {
+      for (int u = 0; u < kSplits; ++u) {
         const float w = partial_weight(Lu[u], L);
 #pragma unroll
         for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];

@@ -45,11 +45,14 @@ inline constexpr int kMergeThreads = kMergeRows * 32;
 /// merges splits l, l + kMergeLanes, ..., then the lanes merge theirs in a
 /// butterfly, kMergeLanes - 1 more merges in all.
 inline constexpr int kMergeLanes = 32;
-/// Splits the merge kernel reads before it sums them: eight rows of O_s (d
-/// floats each) in flight at once per warp, to cover the reads' latency with
-/// few warps (MQA on one sequence has 32 rows: 32 warps on the whole GPU). At
-/// d = 256 that is 64 registers of a lane.
-inline constexpr int kMergeSplits = 8;
+/// Splits the merge kernel reads before it sums them, for the head-dimension
+/// bucket kD: that many rows of O_s (d floats each) in flight at once per
+/// warp, to cover the reads' latency with few warps (MQA on one sequence has
+/// 32 rows: 32 warps on the whole GPU). Each round of reads waits one L2
+/// latency, and that decode has 128 splits: 16 rounds at 8 splits, 8 at 16.
+/// 16 up to d = 128 (64 registers of a lane at d = 128), 8 at d = 256 (64
+/// registers there too).
+FLASHSTEP_HOST_DEVICE constexpr int merge_splits(int kD) { return kD <= 128 ? 16 : 8; }
 
 /// The 16-bit (bf16, fp16) split kernel runs on the tensor cores
 /// (split_kv_mma.cuh) with the same plan: the same row tiles of kRows rows,
