@@ -161,3 +161,26 @@ TEST_CASE("stage 09's KV cache: per-sequence lengths (0, 1, capacity, ragged), s
     }
   }
 }
+
+// The split rule counts waves with resident_blocks (split_kv_plan.h), the
+// blocks an SM of sm_90 holds; the device's occupancy must agree, or a change
+// of registers or shared memory has moved it and the table is stale.
+TEST_CASE("stage 09: the split rule's resident blocks are the device's occupancy (sm_90)") {
+  if (!gpu_test_selects("09_split_kv")) return;
+  int device = 0, major = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess);
+  if (major != 9) {
+    MESSAGE("resident_blocks is for sm_90; this device is sm_" << major << "x: not checked");
+    return;
+  }
+  for (DType t : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+    for (std::int64_t d : {64, 128, 256}) {
+      Problem p = flashstep::test::make_problem(1, 8, 1, 1024, d, false);
+      p.dtype = t;
+      CAPTURE(p.describe());
+      CHECK(flashstep::split_kv::device_resident_blocks(p) ==
+            flashstep::split_kv::resident_blocks(t, static_cast<int>(d)));
+    }
+  }
+}

@@ -53,15 +53,39 @@ void check_empty_rows(const Problem& p, const Run& r) {
 TEST_CASE("stage 09's split rule by hand") {
   Problem p = flashstep::test::make_problem(1, 32, 1, 32768, 128, false);
   p.H_kv = 8;
-  // 8 K/V heads, one row tile each (4 rows): 8 blocks unsplit; 4 * 132 = 528
-  // wanted, so 66 splits, dealt out in whole 32-key tiles as 64 of 512 keys.
+  p.dtype = flashstep::DType::kBf16;
+  // 8 K/V heads, one row tile each (4 rows): 8 blocks unsplit; 132 SMs of 2
+  // resident blocks at d = 128 are 264 slots. 33 splits would fill them, but
+  // dealt out in whole 32-key tiles 33 become 32 (256 blocks, 97 %), and the
+  // fewest within 95 % of that is 31 splits of 1,088 keys (248 blocks, 94 %).
   sk::Plan plan = sk::make_plan(p, 132);
   CHECK(plan.group_rows == 4);
   CHECK(plan.row_tiles == 1);
-  CHECK(plan.keys_per_split == 512);
-  CHECK(plan.splits == 64);
+  CHECK(plan.keys_per_split == 1088);
+  CHECK(plan.splits == 31);
   CHECK(sk::make_plan(p, 132, false).splits == 1);
+  // 32 K/V heads: 8 splits, 256 blocks in one wave (17 splits, 544 blocks,
+  // would be 2.06 waves: three).
+  p.H_kv = 32;
+  CHECK(sk::make_plan(p, 132).splits == 8);
+  // 256 K/V heads fill 80 % of the slots unsplit: one split.
+  p.B = 8;
+  CHECK(sk::make_plan(p, 132).splits == 1);
+  // fp32 at d = 256 holds one block an SM: 132 slots, so 128 K/V heads
+  // unsplit fill them already, while 16 bits (264 slots) splits them in two.
+  p.B = 4;
+  p.d = 256;
+  p.dtype = flashstep::DType::kFp32;
+  CHECK(sk::make_plan(p, 132).splits == 1);
+  p.dtype = flashstep::DType::kBf16;
+  CHECK(sk::make_plan(p, 132).splits == 2);
+  // One wave holds the cap: one K/V head takes 128 splits.
+  p.B = 1;
+  p.H_kv = 1;
+  p.d = 128;
+  CHECK(sk::make_plan(p, 132).splits == sk::kMaxSplits);
   // Few keys: at least kMinKeysPerSplit (256) a split.
+  p.H_kv = 8;
   p.Nk = 1000;
   CHECK(sk::make_plan(p, 132).splits == 4);
   p.Nk = 1;
@@ -74,11 +98,51 @@ TEST_CASE("stage 09's split rule by hand") {
   p = flashstep::test::make_problem(1, 8, 4096, 4096, 64, true);
   CHECK(sk::make_plan(p, 132).row_tiles == 128);
   CHECK(sk::make_plan(p, 132).splits == 1);
-  // The workspace covers any GPU's plan.
-  p = flashstep::test::make_problem(2, 4, 3, 5000, 64, false);
-  for (int sms : {1, 16, 132, 1024}) {
-    const sk::Plan at = sk::make_plan(p, sms);
-    CHECK(at.splits * (p.q_elems() + p.lse_elems()) * 4 <= sk::workspace_bytes(p));
+  // The workspace covers any GPU's plan (the rule is not monotone in the SM
+  // count: every count up to kMaxSmCount), in every type.
+  for (flashstep::DType t : {flashstep::DType::kFp32, flashstep::DType::kBf16}) {
+    for (const Problem& shape : {flashstep::test::make_problem(2, 4, 3, 5000, 64, false),
+                                 flashstep::test::make_problem(3, 32, 1, 40000, 128, false)}) {
+      p = shape;
+      p.dtype = t;
+      std::int64_t most = 0;
+      for (int sms = 1; sms <= sk::kMaxSmCount; ++sms) most = std::max(most, sk::make_plan(p, sms).splits);
+      CAPTURE(p.describe());
+      CHECK(most * (p.q_elems() + p.lse_elems()) * 4 <= sk::workspace_bytes(p));
+    }
+  }
+}
+
+TEST_CASE("stage 09's split rule fills its waves") {
+  // Decoding shapes of the sweep and a few more (H = 32, d = 128, 16 bits:
+  // 264 slots on 132 SMs): a plan of several splits either holds every block
+  // in one wave at the cap, or its waves are within kWaveFill as full as
+  // those of any split count up to the cap (as dealt out).
+  for (std::int64_t H_kv : {1, 8, 32}) {
+    for (std::int64_t B : {1, 3, 8, 64}) {
+      for (std::int64_t Nk : {1024, 5000, 16384, 32768, 131072, 524288}) {
+        Problem p = flashstep::test::make_problem(B, 32, 1, Nk, 128, false);
+        p.H_kv = H_kv;
+        p.dtype = flashstep::DType::kBf16;
+        CAPTURE(p.describe());
+        CAPTURE(H_kv);
+        const sk::Plan plan = sk::make_plan(p, sk::kModelSmCount);
+        const std::int64_t n0 = B * H_kv, slots = 2 * sk::kModelSmCount;
+        auto dealt = [&](std::int64_t s) { return (Nk - 1) / sk::keys_per_split(Nk, s) + 1; };
+        auto fill = [&](std::int64_t splits) {
+          const std::int64_t blocks = n0 * splits;
+          return static_cast<double>(blocks) / static_cast<double>(((blocks - 1) / slots + 1) * slots);
+        };
+        CHECK(plan.splits <= sk::split_cap(p));
+        if (plan.splits == 1) continue;
+        CHECK(n0 < sk::kFullGrid * slots);
+        if (n0 * plan.splits <= slots && plan.splits == dealt(sk::split_cap(p))) continue;
+        for (std::int64_t s = 1; s <= sk::split_cap(p); ++s) {
+          CAPTURE(s);
+          CHECK(fill(plan.splits) >= sk::kWaveFill * fill(dealt(s)));
+        }
+      }
+    }
   }
 }
 

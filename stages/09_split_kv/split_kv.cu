@@ -329,12 +329,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
 //
 //   K/V tile of mma_tile_keys(kD) keys, mma_stages(kD) - 1 in flight by cp.async
 //   +---------+---------+---------+---------+
-//   | warp 0  | warp 1  | warp 2  | warp 3  |   d <= 128: 16 keys a warp,
+//   | warp 0  | warp 1  | warp 2  | warp 3  |   d = 64: 16 keys a warp,
 //   | keys    | keys    | keys    | keys    |   all 32 rows (2 m16 tiles)
 //   | 0..15   | 16..31  | 32..47  | 48..63  |
 //   +---------+---------+---------+---------+
-//   d = 256: warps 0, 1 take keys 0..15 (rows 0..15 and 16..31), warps 2, 3
-//   keys 16..31: a warp's O~ is then 16 x 256 fp32, 128 registers a lane.
+//   d = 128, 256: warps 0, 1 take keys 0..15 (rows 0..15 and 16..31), warps
+//   2, 3 keys 16..31: a warp's O~ is then 16 x d fp32 (64 or 128 registers
+//   a lane), and the tile of 32 keys leaves room for more stages.
 //
 // Each warp runs Algorithm 1 on its own slice: its own m, l and O~ for its
 // rows, over the keys k_lo + 16 (w / row groups) + tile_keys t + 0..15. At
@@ -490,24 +491,20 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         }
       }
 
-      for (int tt = 0; tt < tiles; ++tt) {
-        // Tile tt has arrived for this thread (at most kStages - 2 younger
-        // groups pending); the barrier shows every thread's copies, and says
-        // every warp is done with tile tt - 1, whose stage the copies of
-        // tile tt + kStages - 1 then overwrite.
-        sm80::cp_async_wait<T::kStages - 2>();
-        __syncthreads();
-        if (tt + T::kStages - 1 < tiles) load_kv(tt + T::kStages - 1);
-        sm80::cp_async_commit();
-        const int buf = tt % T::kStages;
-        const Elem* Kb = Ks + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
-        const Elem* Vb = Vs + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
-        const int kt = k_lo + tt * T::kTileKeys;  // the tile's first key
-
+      // One K/V tile's work (lines 8-10 of Algorithm 1) for the warp's first
+      // kLive m16 tiles. A warp whose rows are all padding skips them: with
+      // two m16 tiles a warp (d = 64) and a row tile of at most 16 rows
+      // (G Nq <= 16: Nq = 1 with up to 16 query heads a K/V head) the second
+      // tile, and with one (d >= 128, two warps a key slice) the warps of
+      // rows 16..31: half the mma of S and of P~ V and half the exponentials.
+      // Their m, l and O~ stay as set above, and padding rows are never
+      // written.
+      auto tile_step = [&](auto live_tiles, const Elem* Kb, const Elem* Vb, int kt) {
+        constexpr int kLive = decltype(live_tiles)::value;
         // S = Q K^T for the warp's rows and its 16 keys (line 8).
-        float S[T::kWarpMTiles][T::kSTiles][4];
+        float S[kLive][T::kSTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+        for (int mt = 0; mt < kLive; ++mt) {
 #pragma unroll
           for (int nt = 0; nt < T::kSTiles; ++nt) {
 #pragma unroll
@@ -520,7 +517,7 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
           sm80::ldmatrix_x4(kb, Kb + k_at(slice_key0, ks * kMmaK));
           const std::uint32_t b_lo[2] = {kb[0], kb[1]}, b_hi[2] = {kb[2], kb[3]};
 #pragma unroll
-          for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+          for (int mt = 0; mt < kLive; ++mt) {
             std::uint32_t a[4];
             sm80::ldmatrix_x4(a, Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
             sm80::mma_m16n8k16<Elem>(S[mt][0], a, b_lo);
@@ -534,7 +531,7 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         // when Nk is near it.
         const bool mask = unmasked - kt < slice_key0 + kWarpKeys;  // warp-uniform
 #pragma unroll
-        for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+        for (int mt = 0; mt < kLive; ++mt) {
 #pragma unroll
           for (int nt = 0; nt < T::kSTiles; ++nt) {
 #pragma unroll
@@ -549,10 +546,10 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         // Lines 9-10 up to the product: m_new, P~ = 2^(s - m_new) in place
         // of S, l and O~ rescaled by alpha = 2^(m - m_new). When no row max of
         // the warp moved, the rescale of O~ (d multiplies a row) is skipped.
-        float alpha[T::kWarpMTiles][2];
+        float alpha[kLive][2];
         bool moved = false;
 #pragma unroll
-        for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+        for (int mt = 0; mt < kLive; ++mt) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             float mx = fmaxf(fmaxf(S[mt][0][2 * h], S[mt][0][2 * h + 1]),
@@ -580,7 +577,7 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         }
         if (__any_sync(kFullWarpMask, moved)) {
 #pragma unroll
-          for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+          for (int mt = 0; mt < kLive; ++mt) {
 #pragma unroll
             for (int ot = 0; ot < T::kOTiles; ++ot) {
 #pragma unroll
@@ -592,9 +589,9 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         // O~ += P~ V (line 10): the two n8 score tiles, rounded to Elem, are
         // the A fragment of the slice's 16 keys (the register trick of
         // common/mma_sm80.cuh); V's B fragments by ldmatrix.trans.
-        std::uint32_t pa[T::kWarpMTiles][4];
+        std::uint32_t pa[kLive][4];
 #pragma unroll
-        for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+        for (int mt = 0; mt < kLive; ++mt) {
           pa[mt][0] = sm80::pack2<Elem>(S[mt][0][0], S[mt][0][1]);
           pa[mt][1] = sm80::pack2<Elem>(S[mt][0][2], S[mt][0][3]);
           pa[mt][2] = sm80::pack2<Elem>(S[mt][1][0], S[mt][1][1]);
@@ -606,10 +603,33 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
           sm80::ldmatrix_x4_trans(vb, Vb + v_at(slice_key0, np * 2 * kMmaN));
           const std::uint32_t b_lo[2] = {vb[0], vb[1]}, b_hi[2] = {vb[2], vb[3]};
 #pragma unroll
-          for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+          for (int mt = 0; mt < kLive; ++mt) {
             sm80::mma_m16n8k16<Elem>(O[mt][2 * np], pa[mt], b_lo);
             sm80::mma_m16n8k16<Elem>(O[mt][2 * np + 1], pa[mt], b_hi);
           }
+        }
+      };
+      // m16 tiles of the warp that hold valid rows (warp-uniform).
+      const int live = min(max((rows - warp_row0 + kMmaM - 1) / kMmaM, 0), T::kWarpMTiles);
+
+      for (int tt = 0; tt < tiles; ++tt) {
+        // Tile tt has arrived for this thread (at most kStages - 2 younger
+        // groups pending); the barrier shows every thread's copies, and says
+        // every warp is done with tile tt - 1, whose stage the copies of
+        // tile tt + kStages - 1 then overwrite. Every warp, padding or not,
+        // copies its share and meets the barrier.
+        sm80::cp_async_wait<T::kStages - 2>();
+        __syncthreads();
+        if (tt + T::kStages - 1 < tiles) load_kv(tt + T::kStages - 1);
+        sm80::cp_async_commit();
+        const int buf = tt % T::kStages;
+        const Elem* Kb = Ks + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
+        const Elem* Vb = Vs + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
+        const int kt = k_lo + tt * T::kTileKeys;  // the tile's first key
+        if (live == T::kWarpMTiles) {
+          tile_step(std::integral_constant<int, T::kWarpMTiles>{}, Kb, Vb, kt);
+        } else if constexpr (T::kWarpMTiles > 1) {
+          if (live == 1) tile_step(std::integral_constant<int, 1>{}, Kb, Vb, kt);
         }
       }
 
@@ -683,6 +703,7 @@ template <int kD, typename Elem>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem> p) {
   static_assert(kMergeLanes == kWarpSize, "the plan's merge lanes are a warp");
   constexpr int kCols = kD / kWarpSize;  // columns of O per lane
+  constexpr int kSplits = merge_splits(kD);  // splits whose O_s rows are read together
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const std::int64_t rows = p.heads * p.Nq;
@@ -701,12 +722,12 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem>
     float o[kCols];
 #pragma unroll
     for (int k = 0; k < kCols; ++k) o[k] = 0.0f;
-    // kMergeSplits splits at a time: all their reads first, then the sums,
-    // so that the reads are in flight together.
-    for (std::int64_t s0 = 0; s0 < p.splits; s0 += kMergeSplits) {
-      float Lu[kMergeSplits], Ou[kMergeSplits][kCols];
+    // kSplits splits at a time: all their reads first, then the sums (in
+    // split order, as before), so that the reads are in flight together.
+    for (std::int64_t s0 = 0; s0 < p.splits; s0 += kSplits) {
+      float Lu[kSplits], Ou[kSplits][kCols];
 #pragma unroll
-      for (int u = 0; u < kMergeSplits; ++u) {
+      for (int u = 0; u < kSplits; ++u) {
         const std::int64_t s = s0 + u;
         const float* Os = p.O_part + (s * rows + row) * p.d;  // [d]: split s's O_s of this row
         Lu[u] = s < p.splits ? Ls[s * rows] : -INFINITY;    // weight 0 past the last split
@@ -717,7 +738,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem>
         }
       }
 #pragma unroll
-      for (int u = 0; u < kMergeSplits; ++u) {
+      for (int u = 0; u < kSplits; ++u) {
         const float w = partial_weight(Lu[u], L);
 #pragma unroll
         for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
@@ -775,6 +796,29 @@ void launch_bucket(const Params<Elem>& prm, Stream stream) {
   }
 }
 
+// Blocks of the split kernel for bucket kD one SM of the current device
+// holds, by the occupancy API (after the same opt-in to its shared memory as
+// its launch).
+template <typename Kernel>
+int occupancy(Kernel kernel, int threads, std::size_t smem_bytes) {
+  const int smem = static_cast<int>(smem_bytes);
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "stage 09: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  int blocks = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem),
+             "stage 09: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return blocks;
+}
+
+template <int kD, typename Elem>
+int occupancy() {
+  if constexpr (std::is_same_v<Elem, float>) {
+    return occupancy(split_kernel<kD, Elem>, kThreads, Smem<kD, Elem>::kBytes);
+  } else {
+    return occupancy(split_mma_kernel<kD, Elem>, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes);
+  }
+}
+
 template <typename Elem>
 void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
             const std::int32_t* seqlens, Stream stream) {
@@ -827,6 +871,19 @@ void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens,
 }
 
 }  // namespace
+
+int device_resident_blocks(const Problem& p) {
+  int blocks = 0;
+  with_element_type(p.dtype, [&](auto elem) {
+    using Elem = decltype(elem);
+    switch (head_dim_bucket(p.d)) {
+      case 64: blocks = occupancy<64, Elem>(); break;
+      case 128: blocks = occupancy<128, Elem>(); break;
+      default: blocks = occupancy<256, Elem>(); break;
+    }
+  });
+  return blocks;
+}
 
 void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
   run(p, t, nullptr, stream, true);

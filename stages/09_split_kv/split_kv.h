@@ -32,8 +32,13 @@ void forward_kvcache(const Problem& p, const ForwardTensors& t,
                      const std::int32_t* cache_seqlens,  // [B], device
                      Stream stream, bool split = true);
 
+/// Blocks of p's split kernel (its type and head-dimension bucket) that one SM
+/// of the current device holds at once, by the CUDA occupancy API: what
+/// resident_blocks (split_kv_plan.h) says for sm_90, which a GPU test checks.
+int device_resident_blocks(const Problem& p);
+
 /// The partials: [splits, B, H, Nq, d] O and [splits, B, H, Nq] L in fp32,
-/// for the most splits any GPU plans (make_plan at kMaxSmCount); 0 when that
+/// for the most splits any GPU plans (max_splits); 0 when that
 /// is one split (the kernel then writes O and L itself).
 std::int64_t workspace_bytes(const Problem& p);
 /// The one-block contrast needs none: 0.

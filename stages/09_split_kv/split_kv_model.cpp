@@ -154,8 +154,8 @@ Cost count(const Problem& p, const Plan& plan) {
 }  // namespace
 
 std::int64_t workspace_bytes(const Problem& p) {
-  const Plan bound = make_plan(p, kMaxSmCount);
-  return bound.splits > 1 ? bound.splits * (p.q_elems() + p.lse_elems()) * kFloatBytes : 0;
+  const std::int64_t splits = max_splits(p);
+  return splits > 1 ? splits * (p.q_elems() + p.lse_elems()) * kFloatBytes : 0;
 }
 
 std::int64_t workspace_bytes_one_block(const Problem&) { return 0; }

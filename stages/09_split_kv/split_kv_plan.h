@@ -45,11 +45,14 @@ inline constexpr int kMergeThreads = kMergeRows * 32;
 /// merges splits l, l + kMergeLanes, ..., then the lanes merge theirs in a
 /// butterfly, kMergeLanes - 1 more merges in all.
 inline constexpr int kMergeLanes = 32;
-/// Splits the merge kernel reads before it sums them: eight rows of O_s (d
-/// floats each) in flight at once per warp, to cover the reads' latency with
-/// few warps (MQA on one sequence has 32 rows: 32 warps on the whole GPU). At
-/// d = 256 that is 64 registers of a lane.
-inline constexpr int kMergeSplits = 8;
+/// Splits the merge kernel reads before it sums them, for the head-dimension
+/// bucket kD: that many rows of O_s (d floats each) in flight at once per
+/// warp, to cover the reads' latency with few warps (MQA on one sequence has
+/// 32 rows: 32 warps on the whole GPU). Each round of reads waits one L2
+/// latency, and that decode has 128 splits: 16 rounds at 8 splits, 8 at 16.
+/// 16 up to d = 128 (64 registers of a lane at d = 128), 8 at d = 256 (64
+/// registers there too).
+FLASHSTEP_HOST_DEVICE constexpr int merge_splits(int kD) { return kD <= 128 ? 16 : 8; }
 
 /// The 16-bit (bf16, fp16) split kernel runs on the tensor cores
 /// (split_kv_mma.cuh) with the same plan: the same row tiles of kRows rows,
@@ -66,28 +69,64 @@ inline constexpr int kMmaWarps = 4;
 /// (mma.m16n8k16's k = 16), and two n8 tiles of S = Q K^T.
 inline constexpr int kWarpKeys = 16;
 /// m16 tiles of rows one warp holds, for the head-dimension bucket kD: both
-/// of the row tile's (32 rows) up to d = 128, where a warp's O~ is 2 x 16 x
-/// 128 fp32 = 128 registers a lane; at d = 256 that would be 256, more than
-/// a thread has, so one, and two warps share each key slice.
-constexpr int mma_warp_m_tiles(int kD) { return kD <= 128 ? 2 : 1; }
+/// of the row tile's (32 rows) at d = 64, where a warp's O~ is 2 x 16 x 64
+/// fp32 = 64 registers a lane. From d = 128 one, and two warps share each
+/// key slice: at d = 256 two would be 256 registers, more than a thread has;
+/// at d = 128 they fit (128), but with one the K/V tile is 32 keys (16 KiB),
+/// so the same shared memory holds twice the stages and more of it is in
+/// flight (mma_stages). With at most 16 rows in the row tile a warp skips
+/// its m16 tiles of padding rows (split_kv.cu).
+constexpr int mma_warp_m_tiles(int kD) { return kD <= 64 ? 2 : 1; }
 /// Warps that share one key slice (each with its own m16 tiles).
 constexpr int mma_row_groups(int kD) { return 2 / mma_warp_m_tiles(kD); }
 /// Keys of one K/V tile of the 16-bit kernel: one slice per warp group.
 constexpr int mma_tile_keys(int kD) { return kMmaWarps / mma_row_groups(kD) * kWarpKeys; }
 /// K/V tiles of the 16-bit kernel in shared memory at once. Decoding is
 /// HBM-bound, so the tiles are there to keep bytes in flight: by Little's law
-/// an SM's share of an H100's ~3.3 TB/s at ~1 us of latency is ~25 KB. A
-/// tile is 32 KiB (64 keys of K and V at d = 128, 32 keys at d = 256), so 3
-/// stages keep 2 tiles (64 KiB) in flight per block in 96 KiB, and two blocks
-/// fit an SM's 228 KiB; at d = 64 (16 KiB tiles) 4 stages keep 48 KiB in
-/// flight in 64 KiB.
-constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : 3; }
+/// an SM's share of an H200's ~4.8 TB/s (36 B/ns) at 1.5 to 2 us of latency
+/// under load is 55 to 75 KB. A block waits for tile t with kStages - 2
+/// younger tiles still coming, then starts tile t + kStages - 1 into the
+/// stage tile t - 1 freed: between kStages - 2 and kStages - 1 tiles in
+/// flight. At d = 128 (16 KiB tiles of 32 keys) 6 stages keep 64 to 80 KiB
+/// in flight per block in 96 KiB, two blocks an SM (3 stages of 32 KiB, as
+/// before, kept 32 to 64); at d = 256 (32 KiB tiles) 3 stages in 96 KiB; at
+/// d = 64 (16 KiB tiles of 64 keys) 4 stages keep 32 to 48 KiB in flight in
+/// 64 KiB, three blocks an SM.
+constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 
-/// Blocks to aim for per SM (the split rule, make_plan below): more than fit
-/// at once (two at d = 128 in fp32: 128 registers a thread, 87 KiB of shared
-/// memory a block), so that blocks that finish early are replaced and the
-/// last wave is short. A starting point for the decode sweep to tune.
-inline constexpr std::int64_t kBlocksPerSm = 4;
+/// Thread blocks of the split kernel that one SM holds at once on sm_90
+/// (H100, H200: 64 K registers, 228 KiB of shared memory, 1 KiB of it
+/// reserved per block), for p's element type and head-dimension bucket: the
+/// fewer of what the registers (ptxas -v) and the shared memory allow.
+///
+///   fp32 (split_kernel, 256 threads)   d = 64, 128: 128 registers, 2 blocks
+///                                      d = 256: 214 registers, 1 block
+///   16 bits (split_mma_kernel, 128)    d = 64: 168 registers, 69 KiB: 3
+///                                      d = 128: 168 registers, 105 KiB: 2
+///                                      d = 256: 255 registers, 113 KiB: 2
+///
+/// The split rule counts waves of blocks with it; a GPU test checks it
+/// against the occupancy the device reports (test_kvcache_gpu.cpp).
+constexpr int resident_blocks(DType t, int kD) {
+  if (t == DType::kFp32) return kD <= 128 ? 2 : 1;
+  return kD <= 64 ? 3 : 2;
+}
+/// Split only while the unsplit grid fills less than this share of the
+/// resident slots (SMs x resident_blocks): above it the split's gain is a
+/// short last wave, and its cost (the partials written and read back, a
+/// second kernel) is paid in full. The measured decode sweep shows it: with
+/// B * H_kv = 256 blocks on 264 slots, 3 splits took 0.147 ms, one 0.139.
+inline constexpr double kFullGrid = 0.8;
+/// Of the split counts, the fewest whose waves are at least this share as
+/// full as the fullest any count reaches (below). Every block of a wave
+/// reads as many keys, so a wave takes the same time however few blocks it
+/// has: 544 blocks on 264 slots (2.06 waves) cost 3 waves, half again the
+/// time of 512 blocks. Among full enough counts the fewest splits: longer
+/// blocks (less pipeline fill and drain per key) and less merge work. 0.95
+/// rather than FlashAttention-2's 0.85: a wave 85 % full leaves 40 of 132
+/// SMs with one block, whose 1 to 2 K/V tiles in flight may not cover the
+/// SM's share of the bandwidth.
+inline constexpr double kWaveFill = 0.95;
 /// At least this many keys per split, so that the partials (d + 1 floats per
 /// row and split, written and read back by the merge) stay small beside the
 /// K and V a split reads (2 d elements per key): at 256 keys they are under
@@ -98,8 +137,8 @@ inline constexpr std::int64_t kMaxSplits = 128;
 /// The SM count the model and the CPU mirror plan for (H100 SXM and H200
 /// both have 132); the GPU plans for its own.
 inline constexpr int kModelSmCount = 132;
-/// An SM count above any GPU's, for sizing the workspace without a GPU: the
-/// split count only grows with the SM count, so this bounds every run's.
+/// An SM count above any GPU's, for sizing the workspace without a GPU
+/// (max_splits below).
 inline constexpr int kMaxSmCount = 1024;
 /// Largest grid x (CUDA's limit); beyond it blocks walk the rest.
 inline constexpr std::int64_t kMaxGridX = 2147483647;
@@ -114,30 +153,77 @@ struct Plan {
   std::int64_t keys_per_split = 0;  ///< a multiple of kBc (the last split may hold fewer)
 };
 
-/// The split count: enough blocks to fill the GPU, no more.
+/// Keys of each split when Nk keys are dealt out to at most `splits` splits
+/// in whole tiles of kBc keys: kBc ceil(Nk / (splits kBc)). The splits that
+/// get keys are then ceil(Nk / keys_per_split), which may be fewer.
+inline std::int64_t keys_per_split(std::int64_t Nk, std::int64_t splits) {
+  return ((Nk - 1) / (splits * kBc) + 1) * kBc;
+}
+
+/// Splits allowed for p: min(ceil(Nk / kMinKeysPerSplit), kMaxSplits).
+inline std::int64_t split_cap(const Problem& p) {
+  return std::min((p.Nk - 1) / kMinKeysPerSplit + 1, kMaxSplits);
+}
+
+/// The split count: whole waves of blocks, as few splits as that allows.
 ///
 ///   blocks without splitting  n0 = B * H_kv * row_tiles
-///   wanted                    ceil(kBlocksPerSm * SMs / n0)
-///   splits                    min(wanted, ceil(Nk / kMinKeysPerSplit), kMaxSplits), >= 1
+///   resident slots            R = SMs * resident_blocks(type, d bucket)
+///   cap                       min(ceil(Nk / kMinKeysPerSplit), kMaxSplits)
+///   n0 >= kFullGrid R         1 split (the GPU is full already)
+///   n0 cap <= R               cap splits (one wave holds them all)
+///   otherwise                 for S = 1 .. cap, dealt out as S' splits:
+///                             fill(S) = n0 S' / (R ceil(n0 S' / R)), the
+///                             waves' mean fullness; the fewest S' with
+///                             fill >= kWaveFill * the best fill
 ///
-/// then the keys are dealt out in whole tiles, kps = kBc * ceil(Nk / (splits
-/// kBc)), and splits = ceil(Nk / kps) so that no split is empty. A prefill
-/// (many rows) gets 1 split; a decode of B * H_kv = 8 heads at Nk = 32k on
-/// 132 SMs wants 66, dealt out as 64 splits of 512 keys. With `split` false
-/// (the one-block contrast) it is 1.
+/// then the keys are dealt out in whole tiles (keys_per_split), so no split is
+/// empty. A decode of B * H_kv = 8 heads at Nk = 32k in 16 bits at d = 128
+/// on 132 SMs (R = 264, cap 128): 31 splits of 1,088 keys, 248 blocks, one
+/// wave 94 % full (the former rule, 4 blocks an SM wanted: 64 splits, 512
+/// blocks); 32 K/V heads, 8 splits, 256 blocks (it took 17, 544 blocks, 2.06
+/// waves); 256 K/V heads: 1 split. A prefill (many rows) gets 1 split. With
+/// `split` false (the one-block contrast) it is 1.
 inline Plan make_plan(const Problem& p, int sm_count, bool split = true) {
   Plan plan;
   plan.group_rows = p.group() * p.Nq;
   plan.row_tiles = (plan.group_rows - 1) / kRows + 1;
   const std::int64_t n0 = p.B * p.kv_heads() * plan.row_tiles;
-  const std::int64_t target = kBlocksPerSm * sm_count;
-  const std::int64_t wanted = (target - 1) / n0 + 1;
-  const std::int64_t by_keys = (p.Nk - 1) / kMinKeysPerSplit + 1;
-  std::int64_t splits = split ? std::max<std::int64_t>(1, std::min({wanted, by_keys, kMaxSplits})) : 1;
-  const std::int64_t per_split = (p.Nk - 1) / splits + 1;
-  plan.keys_per_split = ((per_split - 1) / kBc + 1) * kBc;
+  const std::int64_t slots =
+      static_cast<std::int64_t>(sm_count) * resident_blocks(p.dtype, head_dim_bucket(p.d));
+  const std::int64_t cap = split ? split_cap(p) : 1;
+  std::int64_t splits = 1;
+  if (cap > 1 && n0 < kFullGrid * slots) {
+    if (n0 * cap <= slots) {
+      splits = cap;
+    } else {
+      auto fill = [&](std::int64_t s) {  // the waves' fullness of s splits, as dealt out
+        const std::int64_t blocks = n0 * ((p.Nk - 1) / keys_per_split(p.Nk, s) + 1);
+        return static_cast<double>(blocks) / static_cast<double>(slots * ((blocks - 1) / slots + 1));
+      };
+      double best = 0.0;
+      for (std::int64_t s = 1; s <= cap; ++s) best = std::max(best, fill(s));
+      splits = cap;
+      for (std::int64_t s = 1; s <= cap; ++s) {
+        if (fill(s) >= kWaveFill * best) {
+          splits = s;
+          break;
+        }
+      }
+    }
+  }
+  plan.keys_per_split = keys_per_split(p.Nk, splits);
   plan.splits = (p.Nk - 1) / plan.keys_per_split + 1;
   return plan;
+}
+
+/// The most splits make_plan gives p on any GPU of up to kMaxSmCount SMs (the
+/// workspace's size): the cap, or 1 where n0 fills such a GPU already.
+inline std::int64_t max_splits(const Problem& p) {
+  const std::int64_t n0 = p.B * p.kv_heads() * ((p.group() * p.Nq - 1) / kRows + 1);
+  const std::int64_t slots =
+      static_cast<std::int64_t>(kMaxSmCount) * resident_blocks(p.dtype, head_dim_bucket(p.d));
+  return n0 < kFullGrid * slots ? split_cap(p) : 1;
 }
 
 /// Thread blocks a run launches: the split kernel's grid (row tiles x splits
