@@ -136,6 +136,52 @@ TEST_CASE("grouped heads: the reference's dK and dV sum the expanded heads' grad
   }
 }
 
+TEST_CASE("grouped heads: the naive 16-bit backward's dK and dV sum the group in fp32, then round") {
+  // The low-precision gradient rule's naive backward (check.h) on a grouped
+  // problem: dQ row for row as on K and V expanded to H heads, and each K/V
+  // head's dK, dV the group's sum, rounded once. Against the expanded run,
+  // which rounds every member's gradient, an element may differ by the
+  // roundings: a unit roundoff of each member's term and one of the sum.
+  std::uint64_t seed = 850;
+  for (flashstep::DType t : {flashstep::DType::kBf16, flashstep::DType::kFp16}) {
+    for (const Problem& grouped : flashstep::test::grouped_problems()) {
+      if (grouped.q_elems() > 60000) continue;  // the naive backward is Nq x Nk per head
+      Problem p = grouped;
+      p.dtype = t;
+      CAPTURE(p.describe());
+      auto in = flashstep::random_inputs(p, seed++);
+      auto dO = flashstep::random_output_grad(p, seed++);
+      for (std::vector<float>* x : {&in.Q, &in.K, &in.V, &dO}) {
+        flashstep::round_to_dtype(t, x->data(), static_cast<std::int64_t>(x->size()));
+      }
+      const auto g = flashstep::naive_low_precision_backward(p, in.Q.data(), in.K.data(),
+                                                             in.V.data(), dO.data());
+      const auto K = expand_heads(p, in.K), V = expand_heads(p, in.V);
+      const auto full = flashstep::naive_low_precision_backward(ungrouped(p), in.Q.data(),
+                                                                K.data(), V.data(), dO.data());
+      CHECK(g.dQ == full.dQ);
+      const double unit = t == flashstep::DType::kBf16 ? 0x1p-8 : 0x1p-11;
+      const std::int64_t head = p.Nk * p.d;
+      std::int64_t wrong = 0;
+      for (std::int64_t kv = 0; kv < p.B * p.kv_heads(); ++kv) {
+        for (std::int64_t e = 0; e < head; ++e) {
+          double dk = 0.0, dv = 0.0, dk_abs = 0.0, dv_abs = 0.0;
+          for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
+            if (p.kv_head(bh) != kv) continue;
+            dk += full.dK[bh * head + e];
+            dv += full.dV[bh * head + e];
+            dk_abs += std::abs(full.dK[bh * head + e]);
+            dv_abs += std::abs(full.dV[bh * head + e]);
+          }
+          wrong += std::abs(dk - g.dK[kv * head + e]) > 2 * unit * dk_abs + 1e-6;
+          wrong += std::abs(dv - g.dV[kv * head + e]) > 2 * unit * dv_abs + 1e-6;
+        }
+      }
+      CHECK(wrong == 0);
+    }
+  }
+}
+
 TEST_CASE("grouped heads: the runners refuse a stage without them in one line") {
   Problem p = flashstep::test::make_problem(1, 8, 4, 4, 16, false);
   p.H_kv = 2;

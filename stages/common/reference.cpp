@@ -148,49 +148,55 @@ ReferenceGradients naive_low_precision_backward(const Problem& p, const float* Q
   g.dQ.assign(static_cast<size_t>(p.q_elems()), 0.0);
   g.dK.assign(static_cast<size_t>(p.kv_elems()), 0.0);
   g.dV.assign(static_cast<size_t>(p.kv_elems()), 0.0);
-  parallel_for(p.heads(), [&](std::int64_t bh) {  // each head writes its own dQ, dK, dV
-    // fp32 accumulators of the head's dK and dV, rounded once at the end.
+  // One K/V head at a time per thread, its group's query heads in order (as
+  // reference_backward): each writes its own dQ rows, and the group's dK and
+  // dV sum in fp32 accumulators rounded once at the end, as a kernel that
+  // keeps dK_j and dV_j on chip across the group's heads would.
+  parallel_for(p.B * p.kv_heads(), [&](std::int64_t kv) {
     std::vector<float> dK(static_cast<size_t>(p.Nk) * d, 0.0f), dV(dK.size(), 0.0f);
-    const float* Kh = K + bh * p.Nk * p.d;
-    const float* Vh = V + bh * p.Nk * p.d;
-    for (std::int64_t i = 0; i < p.Nq; ++i) {
-      const std::int64_t visible = p.visible_keys(i);
-      if (visible == 0) continue;
-      const float* qi = Q + (bh * p.Nq + i) * p.d;
-      const float* dOi = dO + (bh * p.Nq + i) * p.d;
-      const double* Oi = O.data() + (bh * p.Nq + i) * p.d;
-      std::vector<float> P(static_cast<size_t>(visible));
-      float m = -std::numeric_limits<float>::infinity();
-      for (std::int64_t j = 0; j < visible; ++j) {
-        float dot = 0.0f;
-        for (size_t k = 0; k < d; ++k) dot += qi[k] * Kh[j * p.d + k];
-        P[j] = scale * dot;
-        m = std::max(m, P[j]);
-      }
-      float l = 0.0f;
-      for (float& x : P) l += (x = std::exp(x - m));
-      float D = 0.0f;
-      for (size_t k = 0; k < d; ++k) D += dOi[k] * static_cast<float>(Oi[k]);
-      std::vector<float> dQi(d, 0.0f);
-      for (std::int64_t j = 0; j < visible; ++j) {
-        const float Pij = P[j] / l;
-        float dP = 0.0f;
-        for (size_t k = 0; k < d; ++k) dP += dOi[k] * Vh[j * p.d + k];
-        const float dS = round_to_dtype(t, Pij * (dP - D));
-        const float P16 = round_to_dtype(t, Pij);
-        for (size_t k = 0; k < d; ++k) {
-          dV[j * d + k] += P16 * dOi[k];
-          dK[j * d + k] += dS * qi[k];
-          dQi[k] += dS * Kh[j * p.d + k];
+    const float* Kh = K + kv * p.Nk * p.d;  // [Nk, d]
+    const float* Vh = V + kv * p.Nk * p.d;  // [Nk, d]
+    for (std::int64_t member = 0; member < p.group(); ++member) {
+      const std::int64_t bh = kv / p.kv_heads() * p.H + kv % p.kv_heads() * p.group() + member;
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        const std::int64_t visible = p.visible_keys(i);
+        if (visible == 0) continue;
+        const float* qi = Q + (bh * p.Nq + i) * p.d;
+        const float* dOi = dO + (bh * p.Nq + i) * p.d;
+        const double* Oi = O.data() + (bh * p.Nq + i) * p.d;
+        std::vector<float> P(static_cast<size_t>(visible));
+        float m = -std::numeric_limits<float>::infinity();
+        for (std::int64_t j = 0; j < visible; ++j) {
+          float dot = 0.0f;
+          for (size_t k = 0; k < d; ++k) dot += qi[k] * Kh[j * p.d + k];
+          P[j] = scale * dot;
+          m = std::max(m, P[j]);
         }
-      }
-      for (size_t k = 0; k < d; ++k) {
-        g.dQ[(bh * p.Nq + i) * p.d + k] = round_to_dtype(t, scale * dQi[k]);
+        float l = 0.0f;
+        for (float& x : P) l += (x = std::exp(x - m));
+        float D = 0.0f;
+        for (size_t k = 0; k < d; ++k) D += dOi[k] * static_cast<float>(Oi[k]);
+        std::vector<float> dQi(d, 0.0f);
+        for (std::int64_t j = 0; j < visible; ++j) {
+          const float Pij = P[j] / l;
+          float dP = 0.0f;
+          for (size_t k = 0; k < d; ++k) dP += dOi[k] * Vh[j * p.d + k];
+          const float dS = round_to_dtype(t, Pij * (dP - D));
+          const float P16 = round_to_dtype(t, Pij);
+          for (size_t k = 0; k < d; ++k) {
+            dV[j * d + k] += P16 * dOi[k];
+            dK[j * d + k] += dS * qi[k];
+            dQi[k] += dS * Kh[j * p.d + k];
+          }
+        }
+        for (size_t k = 0; k < d; ++k) {
+          g.dQ[(bh * p.Nq + i) * p.d + k] = round_to_dtype(t, scale * dQi[k]);
+        }
       }
     }
     for (size_t e = 0; e < dK.size(); ++e) {
-      g.dK[bh * p.Nk * p.d + e] = round_to_dtype(t, scale * dK[e]);
-      g.dV[bh * p.Nk * p.d + e] = round_to_dtype(t, dV[e]);
+      g.dK[kv * p.Nk * p.d + e] = round_to_dtype(t, scale * dK[e]);
+      g.dV[kv * p.Nk * p.d + e] = round_to_dtype(t, dV[e]);
     }
   });
   return g;

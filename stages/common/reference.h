@@ -74,7 +74,8 @@ std::vector<double> naive_low_precision_rows(const Problem& p, const float* Q, c
 /// backward must compute it; dP = dO V^T in fp32; dS = P o (dP - D) and P
 /// rounded to p.dtype (the operands of the next products); dV = P^T dO,
 /// dQ = scale dS K and dK = scale dS^T Q summed in fp32 and rounded to
-/// p.dtype. A row that sees no key contributes nothing.
+/// p.dtype. A row that sees no key contributes nothing. With H_kv < H, dK and
+/// dV [B,H_kv,Nk,d] sum the group's query heads in fp32 before the rounding.
 ReferenceGradients naive_low_precision_backward(const Problem& p, const float* Q, const float* K,
                                                 const float* V, const float* dO,
                                                 const float* O = nullptr);
