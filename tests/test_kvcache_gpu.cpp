@@ -7,13 +7,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string_view>
 #include <vector>
 
 #include "09_split_kv/split_kv.h"
 #include "common/check.h"
-#include "common/rounding.h"
+#include "common/device.h"
 #include "common/stage.h"
 #include "shapes.h"
 
@@ -35,36 +34,6 @@ struct DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
-
-// Host floats as the device holds them in type t: fp32 as they are, fp16 and
-// bf16 rounded to 16 bits (rounding.h, as the runner rounds them).
-std::vector<unsigned char> device_bytes(DType t, const std::vector<float>& x) {
-  std::vector<unsigned char> out(x.size() * (t == DType::kFp32 ? 4 : 2));
-  if (t == DType::kFp32) {
-    std::memcpy(out.data(), x.data(), out.size());
-  } else {
-    for (size_t i = 0; i < x.size(); ++i) {
-      const std::uint16_t bits = flashstep::to_bits(t, x[i]);
-      std::memcpy(out.data() + 2 * i, &bits, 2);
-    }
-  }
-  return out;
-}
-
-// The device's elements of type t widened back to fp32.
-std::vector<float> host_floats(DType t, const std::vector<unsigned char>& bytes) {
-  std::vector<float> out(bytes.size() / (t == DType::kFp32 ? 4 : 2));
-  if (t == DType::kFp32) {
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-  } else {
-    for (size_t i = 0; i < out.size(); ++i) {
-      std::uint16_t bits;
-      std::memcpy(&bits, bytes.data() + 2 * i, 2);
-      out[i] = flashstep::from_bits(t, bits);
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -105,13 +74,9 @@ TEST_CASE("stage 09's KV cache: per-sequence lengths (0, 1, capacity, ragged), s
             DeviceBuffer<std::int32_t> lens(seqlens.size());
             const std::int64_t ws = flashstep::split_kv::workspace_bytes(p);
             DeviceBuffer<char> work(static_cast<size_t>(ws));
-            auto upload = [&](char* dst, const std::vector<float>& x) {
-              const auto bytes = device_bytes(p.dtype, x);
-              REQUIRE(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) == cudaSuccess);
-            };
-            upload(Q.ptr, in.Q);
-            upload(K.ptr, in.K);
-            upload(V.ptr, in.V);
+            flashstep::copy_to_device(Q.ptr, in.Q.data(), p.q_elems(), p.dtype, "copy Q");
+            flashstep::copy_to_device(K.ptr, in.K.data(), p.kv_elems(), p.dtype, "copy K");
+            flashstep::copy_to_device(V.ptr, in.V.data(), p.kv_elems(), p.dtype, "copy V");
             REQUIRE(cudaMemcpy(lens.ptr, seqlens.data(), seqlens.size() * 4, cudaMemcpyHostToDevice) ==
                     cudaSuccess);
             REQUIRE(cudaMemset(O.ptr, 0xFF, in.Q.size() * E) == cudaSuccess);  // NaN: every element must be written
@@ -125,11 +90,9 @@ TEST_CASE("stage 09's KV cache: per-sequence lengths (0, 1, capacity, ragged), s
             t.workspace = work.ptr;
             flashstep::split_kv::forward_kvcache(p, t, lens.ptr, nullptr, split);
             REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-            std::vector<unsigned char> O_bytes(in.Q.size() * E);
-            std::vector<float> got_L(static_cast<size_t>(p.lse_elems()));
-            REQUIRE(cudaMemcpy(O_bytes.data(), O.ptr, O_bytes.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
-            REQUIRE(cudaMemcpy(got_L.data(), L.ptr, got_L.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-            const std::vector<float> got_O = host_floats(p.dtype, O_bytes);
+            std::vector<float> got_O, got_L;
+            flashstep::copy_to_host(got_O, O.ptr, p.q_elems(), p.dtype, "copy O");
+            flashstep::copy_to_host(got_L, L.ptr, p.lse_elems(), DType::kFp32, "copy L");
             // Sequence b against the problem of its own length on its cached keys.
             const std::int64_t q_seq = p.H * Nq * p.d, rows_seq = p.H * Nq;
             for (std::int64_t b = 0; b < p.B; ++b) {

@@ -40,7 +40,15 @@ T* device_alloc(std::int64_t bytes, const char* what) {
   return static_cast<T*>(ptr);
 }
 
-// host fp32 src [n] -> device dst [n] in type t, rounded to nearest even on the way.
+double percentile(std::vector<float> sorted_ms, double q) {
+  const double pos = q * static_cast<double>(sorted_ms.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted_ms.size() - 1);
+  const double t = pos - static_cast<double>(lo);
+  return sorted_ms[lo] * (1.0 - t) + sorted_ms[hi] * t;
+}
+}  // namespace
+
 void copy_to_device(void* dst, const float* src, std::int64_t n, DType t, const char* what) {
   if (t == DType::kFp32) {
     cuda_check(cudaMemcpy(dst, src, n * kFloatBytes, cudaMemcpyHostToDevice), what);
@@ -51,7 +59,6 @@ void copy_to_device(void* dst, const float* src, std::int64_t n, DType t, const 
   cuda_check(cudaMemcpy(dst, bits.data(), n * dtype_bytes(t), cudaMemcpyHostToDevice), what);
 }
 
-// device src [n] in type t -> host fp32 dst [n], widened exactly.
 void copy_to_host(std::vector<float>& dst, const void* src, std::int64_t n, DType t,
                   const char* what) {
   dst.resize(static_cast<size_t>(n));
@@ -63,15 +70,6 @@ void copy_to_host(std::vector<float>& dst, const void* src, std::int64_t n, DTyp
   cuda_check(cudaMemcpy(bits.data(), src, n * dtype_bytes(t), cudaMemcpyDeviceToHost), what);
   for (size_t k = 0; k < bits.size(); ++k) dst[k] = from_bits(t, bits[k]);
 }
-
-double percentile(std::vector<float> sorted_ms, double q) {
-  const double pos = q * static_cast<double>(sorted_ms.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, sorted_ms.size() - 1);
-  const double t = pos - static_cast<double>(lo);
-  return sorted_ms[lo] * (1.0 - t) + sorted_ms[hi] * t;
-}
-}  // namespace
 
 bool cuda_device_available(std::string* why) {
   int count = 0;

@@ -42,6 +42,15 @@ bool stage_available(const Stage& stage, std::string* why = nullptr);
 /// the backward's workspace.
 std::int64_t device_bytes_needed(const Stage& stage, const Problem& p, bool backward = false);
 
+/// Host fp32 src [n] -> device dst [n] in type t, rounded to nearest even on
+/// the way (fp16, bf16: rounding.h's to_bits). Throws flashstep::Error naming
+/// `what` if the copy fails.
+void copy_to_device(void* dst, const float* src, std::int64_t n, DType t, const char* what);
+
+/// Device src [n] in type t -> host fp32 dst [n] (resized), widened exactly.
+void copy_to_host(std::vector<float>& dst, const void* src, std::int64_t n, DType t,
+                  const char* what);
+
 /// Median and spread of repeated timings, in milliseconds.
 struct Timing {
   double median_ms = 0.0;  ///< median over iterations
