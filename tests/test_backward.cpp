@@ -297,6 +297,14 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
     const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
     CHECK(a.hbm_write_bytes - det.hbm_write_bytes == kv_blocks * 256 * d * 4 + 256 * d * 4);
   }
+  // The accumulator is padded to whole Q blocks and the bucket's columns; the
+  // adds touch d's columns in whole chunks of 32: Nq = 200 has 256 rows of
+  // it, d = 40 the bucket's 64 columns, and the adds all of them (two chunks).
+  p.Nq = 200;
+  p.d = 40;
+  CHECK(flashstep::tensor_core::bwd::dq_accum_rows(p.Nq) == 256);
+  const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
+  CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
 }
 
 TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the contract says so") {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/launch.cuh"
 #include "tensor_core.h"
@@ -25,10 +26,14 @@ namespace flashstep::tensor_core {
 namespace {
 
 // The workspace: D and L in log2 units ([heads, Nq] fp32 each), then the
-// atomic variant's fp32 dQ accumulator [heads, Nq, d], each 256-byte aligned.
+// atomic variant's fp32 dQ accumulator [heads, dq_accum_rows(Nq), bucket]
+// (padded: tensor_core_backward_tiles.h), each 256-byte aligned.
 constexpr std::int64_t kAlign = 256;
 std::int64_t aligned_bytes(std::int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 std::int64_t row_bytes(const Problem& p) { return aligned_bytes(p.lse_elems() * 4); }
+std::int64_t dq_accum_bytes(const Problem& p) {
+  return p.heads() * bwd::dq_accum_rows(p.Nq) * head_dim_bucket(p.d) * 4;
+}
 
 template <typename Elem>
 bwd::BackwardParams<Elem> make_backward_params(const Problem& p, const BackwardTensors& t) {
@@ -72,8 +77,11 @@ void launch_bucket(const Problem& p, const BackwardTensors& t, Stream stream) {
   const std::int64_t rows = p.heads() * p.Nq;
   const auto prep_blocks = static_cast<unsigned>(
       std::min((rows + bwd::kPrepRowsPerBlock - 1) / bwd::kPrepRowsPerBlock, kMaxPassBlocks));
-  bwd::prepare_kernel<Elem><<<prep_blocks, bwd::kPrepRowsPerBlock * kWarpSize, 0, stream>>>(
-      prm, kAtomicDQ);
+  if constexpr (kAtomicDQ) {  // padding included: the atomic adds read every element they add to
+    cuda_check(cudaMemsetAsync(prm.dQ_accum, 0, static_cast<std::size_t>(dq_accum_bytes(p)), stream),
+               "stage 07 backward: zeroing dQ's accumulator");
+  }
+  bwd::prepare_kernel<Elem><<<prep_blocks, bwd::kPrepRowsPerBlock * kWarpSize, 0, stream>>>(prm);
   check_launch("stage 07 backward: D pre-pass");
   const unsigned heads_y = static_cast<unsigned>(std::min(p.heads(), bwd::kMaxGridY));
   const std::int64_t Tc = (p.Nk - 1) / C::kBc + 1;
@@ -82,7 +90,7 @@ void launch_bucket(const Problem& p, const BackwardTensors& t, Stream stream) {
   if constexpr (kAtomicDQ) {
     const auto blocks = static_cast<unsigned>(
         std::min((p.q_elems() + kPassThreads - 1) / kPassThreads, kMaxPassBlocks));
-    bwd::convert_dq_kernel<Elem><<<blocks, kPassThreads, 0, stream>>>(prm);
+    bwd::convert_dq_kernel<Elem, kHeadDim><<<blocks, kPassThreads, 0, stream>>>(prm);
     check_launch("stage 07 backward: dQ conversion");
   } else {
     using D = bwd::DQConfig<kHeadDim>;
@@ -104,7 +112,7 @@ void launch_typed(const Problem& p, const BackwardTensors& t, Stream stream) {
 }  // namespace
 
 std::int64_t backward_workspace_bytes(const Problem& p) {
-  return 2 * row_bytes(p) + aligned_bytes(p.q_elems() * 4);
+  return 2 * row_bytes(p) + aligned_bytes(dq_accum_bytes(p));
 }
 
 std::int64_t deterministic_backward_workspace_bytes(const Problem& p) { return 2 * row_bytes(p); }

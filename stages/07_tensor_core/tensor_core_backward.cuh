@@ -3,8 +3,9 @@
 // tensor_core_backward.cu only.
 //
 // Three kernels, as FlashAttention-2 runs them:
-//   prepare_kernel   line 4: D_i = rowsum(dO_i o O_i); L_i into log2 units;
-//                    the fp32 accumulator of dQ zeroed (atomic variant)
+//   prepare_kernel   line 4: D_i = rowsum(dO_i o O_i); L_i into log2 units
+//                    (the atomic variant's fp32 accumulator of dQ is zeroed
+//                    by a memset before it)
 //   dkdv_kernel      lines 5-20: one thread block per (K/V block j, head),
 //                    Kj, Vj kept in shared memory and dK_j, dV_j in registers
 //                    while the Q blocks stream past; dQ_i += dS_ij Kj by fp32
@@ -75,7 +76,7 @@ struct BackwardParams {
   Elem* dQ;            // [heads, Nq, d]
   Elem* dK;            // [heads, Nk, d]
   Elem* dV;            // [heads, Nk, d]
-  float* dQ_accum;     // [heads, Nq, d], fp32: the atomic variant's sums
+  float* dQ_accum;     // [heads, dq_accum_rows(Nq), bucket], fp32: the atomic variant's sums
   float* D;            // [heads, Nq]: rowsum(dO o O)
   float* L_log2;       // [heads, Nq]: L log2(e), +inf for a row that sees no key
   std::int64_t heads;  // B * H
@@ -119,11 +120,11 @@ struct BackwardConfig {
 };
 
 // ---------------------------------------------------------------------------
-// Line 4: D, L in log2 units, dQ's accumulator zeroed. One warp per row.
+// Line 4: D, L in log2 units. One warp per row.
 
 template <typename Elem>
 __global__ void __launch_bounds__(kPrepRowsPerBlock * kWarpSize)
-    prepare_kernel(const BackwardParams<Elem> p, bool zero_dq) {
+    prepare_kernel(const BackwardParams<Elem> p) {
   const int lane = threadIdx.x % kWarpSize;
   const std::int64_t rows = p.heads * p.Nq;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kPrepRowsPerBlock;
@@ -135,9 +136,6 @@ __global__ void __launch_bounds__(kPrepRowsPerBlock * kWarpSize)
     float sum = 0.0f;
     for (int k = lane; k < p.d; k += kWarpSize) sum += to_float(dOr[k]) * to_float(Or[k]);
     sum = warp_reduce(sum, SumOp{});
-    if (zero_dq) {
-      for (int k = lane; k < p.d; k += kWarpSize) p.dQ_accum[row * p.d + k] = 0.0f;
-    }
     if (lane == 0) {
       p.D[row] = sum;
       // A row that sees no key has L = -inf (the forward's contract); +inf
@@ -263,57 +261,32 @@ __device__ inline void store_rows(Elem* dst, const float (&acc)[kTiles][4], int 
 // Lines 5-20: dK_j, dV_j (and dQ by atomics).
 
 /// dQ_i's fp32 accumulator += one n8 tile of a warp's dQ product, by atomic
-/// adds. `at` is this lane's first element of the tile (DQLane, below),
-/// `row_inside` whether its row is a real query, `cols_left` how many of d's
-/// columns are left from there, and `vec` whether rows are 16-byte aligned
-/// (d % 4 == 0).
-///
-/// The accumulator layout gives lane (g, t) the pairs (row g, columns 2t and
-/// 2t + 1) and (row g + 8, the same columns). Neighbouring lanes t and t ^ 1
-/// swap one pair (a shuffle) so that the even lane holds four consecutive
-/// columns of row g and the odd lane four of row g + 8: one 16-byte vector
-/// reduction each (red.global.add.v4.f32, sm_90), where four scalar atomics
-/// touched each 32-byte sector twice. The L2 then sees half the reduction
-/// sectors and a quarter of the reduction requests. Before sm_90, or when a
-/// row of dQ is not 16-byte aligned, the four columns by scalar atomics.
-__device__ inline void add_to_dq(float* at, const float (&acc)[4], bool row_inside, int cols_left,
-                                 bool vec) {
-  const bool odd = threadIdx.x % 2 == 1;  // t % 2: the lane holds row g + 8 after the swap
-  const float give0 = odd ? acc[0] : acc[2], give1 = odd ? acc[1] : acc[3];
-  const float got0 = __shfl_xor_sync(kFullWarpMask, give0, 1);
-  const float got1 = __shfl_xor_sync(kFullWarpMask, give1, 1);
-  const float4 v = odd ? make_float4(got0, got1, acc[2], acc[3])
-                       : make_float4(acc[0], acc[1], got0, got1);
-  if (!row_inside || cols_left <= 0) return;
+/// adds. `at` is this lane's first element of the tile, in row g of the
+/// warp's 16 query rows; the accumulator's rows are kRowElems long (the
+/// bucket: dq_accum_rows). The accumulator layout gives lane (g, t) the pairs
+/// (row g, columns 2t and 2t + 1) and (row g + 8, the same columns): each
+/// pair is one 8-byte vector reduction (red.global.add.v2.f32, sm_90), so the
+/// four lanes of a row cover its 8 columns, one whole 32-byte sector per row
+/// and warp instruction, where two scalar atomicAdds touched it twice. Every
+/// address is `at` plus a constant, no checks: the accumulator is padded.
+/// (The first version swapped a pair between neighbouring lanes for one
+/// 16-byte reduction each, the same sectors for 2 shuffles and 6 selects a
+/// tile, and checked rows and columns against Nq and d: ncu's source
+/// counters put a third of dkdv_kernel's time in the dQ step at d = 128,
+/// with more such instructions than mma and ldmatrix together.)
+template <int kRowElems>
+__device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
+  float* below = at + 8 * kRowElems;  // row g + 8
 #if __CUDA_ARCH__ >= 900
-  if (vec) {
-    atomicAdd(reinterpret_cast<float4*>(at), v);
-    return;
-  }
+  atomicAdd(reinterpret_cast<float2*>(at), make_float2(acc[0], acc[1]));
+  atomicAdd(reinterpret_cast<float2*>(below), make_float2(acc[2], acc[3]));
+#else
+  atomicAdd(at, acc[0]);
+  atomicAdd(at + 1, acc[1]);
+  atomicAdd(below, acc[2]);
+  atomicAdd(below + 1, acc[3]);
 #endif
-  atomicAdd(at, v.x);
-  if (cols_left > 1) atomicAdd(at + 1, v.y);
-  if (cols_left > 2) atomicAdd(at + 2, v.z);
-  if (cols_left > 3) atomicAdd(at + 3, v.w);
 }
-
-/// Where a lane's atomic adds into dQ_i land, worked out once per Q block so
-/// that the unrolled adds only add constants: after add_to_dq's swap, the
-/// lane holds row g (even t) or g + 8 (odd t) of its warp's 16 query rows,
-/// columns 4 (t / 2) .. + 3 of every n8 tile.
-struct DQLane {
-  float* at;        // the lane's element at column 0: [4] of its row of dQ_i's accumulator
-  int col;          // its first column within an n8 tile
-  bool row_inside;  // whether the row is a real query
-  __device__ DQLane(float* dQi, int q_row0, int rows_valid, int d) {  // dQi: [rows_valid, d]
-    const int lane = threadIdx.x % kWarpSize;
-    const int g = lane / 4, t = lane % 4;
-    const int row = q_row0 + g + 8 * (t % 2);
-    col = 4 * (t / 2);
-    at = dQi + static_cast<std::int64_t>(row) * d + col;
-    row_inside = row < rows_valid;
-  }
-};
 
 /// Starts the copies of Q block i's Qi, dOi into their buffers (cp.async)
 /// and loads its rows' L and D (plain loads: 2 Br floats). Rows past Nq get
@@ -472,8 +445,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
       const LanePoint vp = v_point(lane);
       const LaneOffsets<C::kHeadDim> at_kq(LanePoint{vp.row, vp.col + dq_col0});
       const int at_ds = dst_lane_offset(q_row0);
-      const DQLane dq(p.dQ_accum + (bh * p.Nq + q0) * p.d, q_row0, p.Nq - q0, p.d);
-      const bool vec = p.d % 4 == 0;
+      // The lane's element (row g, column 2t) of its warp's part of dQ_i.
+      float* dQw = p.dQ_accum +
+                   ((bh * dq_accum_rows(p.Nq) + q0 + q_row0 + g) * C::kHeadDim + dq_col0 + 2 * t);
       // The chunk loop is unrolled so that every column offset into Kj is a
       // compile-time constant: with a runtime chunk, the lane's swizzle table
       // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
@@ -503,8 +477,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
         }
 #pragma unroll
         for (int nt = 0; nt < C::kChunkTiles; ++nt) {
-          const int col = dq_col0 + chunk + nt * kMmaN;
-          add_to_dq(dq.at + col, acc[nt], dq.row_inside, p.d - col - dq.col, vec);
+          add_to_dq<C::kHeadDim>(dQw + chunk + nt * kMmaN, acc[nt]);
         }
       }
     }
@@ -528,14 +501,19 @@ __global__ void __launch_bounds__(C::kThreads) dkdv_kernel(const BackwardParams<
   }
 }
 
-/// dQ = scale * dQ_accum, rounded to Elem: the atomic variant's last pass.
-template <typename Elem>
+/// dQ = scale * dQ_accum, rounded to Elem: the atomic variant's last pass,
+/// over the real rows and columns of the padded accumulator (rows
+/// kHeadDim long).
+template <typename Elem, int kHeadDim>
 __global__ void convert_dq_kernel(const BackwardParams<Elem> p) {
   const std::int64_t n = p.heads * p.Nq * p.d;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t pad_rows = dq_accum_rows(p.Nq) - p.Nq;
   for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += stride) {
-    p.dQ[e] = from_float<Elem>(p.scale * p.dQ_accum[e]);
+    const std::int64_t row = e / p.d;  // of heads * Nq
+    const std::int64_t padded_row = row + row / p.Nq * pad_rows;
+    p.dQ[e] = from_float<Elem>(p.scale * p.dQ_accum[padded_row * kHeadDim + e % p.d]);
   }
 }
 

@@ -6,10 +6,13 @@
 // Per head, K/V block j holds C_j keys and is visited by the Q blocks from
 // i_first(j) on (0 unless causal): rows_j valid rows in n_j Q blocks.
 // - Pre-pass: O and dO read, L read, D and L log2 e written, per row; the
-//   atomic variant zeroes dQ's accumulator (4 d per row).
+//   atomic variant zeroes dQ's accumulator first, padding included (4 bytes
+//   per element of [dq_accum_rows(Nq), bucket]).
 // - dK, dV kernel: Kj, Vj read once; per visited row Qi, dOi, L, D read;
 //   dK_j, dV_j written once; the atomic variant's dQ adds read and write
-//   4 d per visited row.
+//   4 bytes per element of the visited Q blocks' whole rows (padding rows
+//   too) and of d's columns rounded up to whole chunks of kDQChunk (a warp
+//   skips the chunks past d).
 // - Shared memory writes: Kj, Vj once; Qi, dOi, L, D per visited row; the
 //   atomic variant's dS tile (C_j per row).
 // - Shared memory reads, as the warps load fragments: per visited row, the
@@ -59,6 +62,7 @@ Cost backward_model(const Problem& p) {
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
   const std::int64_t slices = bwd::kBr / bwd::kQSlice;
+  const std::int64_t dq_cols = std::min<std::int64_t>(bucket, ceil_div(d, bwd::kDQChunk) * bwd::kDQChunk);
   Cost head;
   for (std::int64_t j = 0; j < Tc; ++j) {
     const std::int64_t key0 = j * Bc;
@@ -81,8 +85,8 @@ Cost backward_model(const Problem& p) {
     head.matmul_flops += (products + 2 * (split - 1)) * 2 * rows * C * d;
     head.nonmatmul_flops += kFlopsPerScore * rows * C;
     if (kAtomicDQ) {
-      head.hbm_read_bytes += rows * d * kFloatBytes;
-      head.hbm_write_bytes += rows * d * kFloatBytes;
+      head.hbm_read_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
+      head.hbm_write_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
       head.sram_write_bytes += rows * C * e;
       head.sram_read_bytes += rows * C * dq_col_parts * e + blocks * bwd::kDQRowGroups * C * d * e;
     }
@@ -106,7 +110,7 @@ Cost backward_model(const Problem& p) {
   head.hbm_write_bytes += p.Nq * 2 * kFloatBytes;
   head.nonmatmul_flops += p.Nq * (2 * d + 1);
   if (kAtomicDQ) {
-    head.hbm_write_bytes += p.Nq * d * kFloatBytes;             // the accumulator zeroed
+    head.hbm_write_bytes += bwd::dq_accum_rows(p.Nq) * bucket * kFloatBytes;  // accumulator zeroed
     head.hbm_read_bytes += p.Nq * d * kFloatBytes;              // and converted
     head.hbm_write_bytes += p.Nq * d * e;
     head.nonmatmul_flops += p.Nq * d;

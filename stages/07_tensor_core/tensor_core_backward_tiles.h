@@ -66,6 +66,17 @@ constexpr int warps(int head_dim_bucket) {
 /// (README.md, "The backward").
 inline constexpr int kDQChunk = 32;
 
+/// Rows per head of the atomic variant's fp32 dQ accumulator: Nq rounded up
+/// to whole Q blocks. The accumulator is [heads, dq_accum_rows(Nq), bucket],
+/// padded as FlashAttention-2 pads its dq_accum, so that a lane's atomic adds
+/// all land at compile-time offsets from one pointer and need no row or
+/// column check: a padding row's or column's dS K is 0 (its Q and dO rows
+/// are zero-filled, so P = dS = 0; Kj's columns past d are zero-filled), and
+/// the conversion pass never reads it.
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_rows(std::int64_t Nq) {
+  return (Nq + kBr - 1) / kBr * kBr;
+}
+
 /// The deterministic variant's dQ kernel: one block per (Q block, head), 4
 /// warps of 16 query rows (kBr = 64), streaming K/V blocks of kDQBc keys; its
 /// dQ accumulators take d / 2 registers per thread.
