@@ -28,30 +28,8 @@
 using flashstep::Problem;
 using flashstep::Stage;
 
-namespace {
-
-// K or V [B, H_kv, Nk, d] copied out to [B, H, Nk, d]: query head h's own copy
-// of K/V head h / (H / H_kv), written without kv_head_of.
-std::vector<float> expand_heads(const Problem& p, const std::vector<float>& kv) {
-  const std::int64_t group = p.H / p.kv_heads();
-  const std::int64_t head = p.Nk * p.d;  // elements of one head
-  std::vector<float> out(static_cast<size_t>(p.B * p.H * head));
-  for (std::int64_t b = 0; b < p.B; ++b) {
-    for (std::int64_t h = 0; h < p.H; ++h) {
-      const std::int64_t from = (b * p.kv_heads() + h / group) * head;
-      const std::int64_t to = (b * p.H + h) * head;
-      for (std::int64_t e = 0; e < head; ++e) out[to + e] = kv[from + e];
-    }
-  }
-  return out;
-}
-
-Problem ungrouped(Problem p) {
-  p.H_kv.reset();
-  return p;
-}
-
-}  // namespace
+using flashstep::test::expand_heads;
+using flashstep::test::ungrouped;
 
 TEST_CASE("grouped heads: validate wants H a multiple of H_kv >= 1, and says so") {
   Problem p;
@@ -198,9 +176,15 @@ TEST_CASE("grouped heads: the runners refuse a stage without them in one line") 
                                .c_str(),
                            flashstep::Error);
     }
-    if (s.backward) {
+    if (s.grouped_backward) {
+      CHECK(s.grouped_heads);
+      CHECK_NOTHROW(flashstep::require_heads(s, p, true));
+    } else if (s.backward) {
       CHECK_THROWS_WITH_AS(flashstep::require_heads(s, p, true),
-                           doctest::Contains("'s backward does not run grouped-query attention"),
+                           ("stage " + std::string(s.name) +
+                            "'s backward does not run grouped-query attention (H_kv = 2 < H = 8); "
+                            "it needs H_kv = H")
+                               .c_str(),
                            flashstep::Error);
     }
   }
@@ -213,6 +197,10 @@ TEST_CASE("grouped heads: the runners refuse a stage without them in one line") 
       CAPTURE(name);
       CHECK(s.grouped_heads);
     }
+    // Stage 07's two backwards run them, and no other stage's backward.
+    const bool stage07_backward =
+        s.name == "07_tensor_core" || s.name == "07_tensor_core_deterministic";
+    CHECK(s.grouped_backward == stage07_backward);
   }
 }
 
@@ -262,9 +250,20 @@ TEST_CASE("grouped heads: the CLI's --H-kv, and --load taking H_kv from K's shap
   CHECK(parse_args({"--H", "8", "--H-kv", "2"}).problem.kv_heads() == 2);
   CHECK_THROWS_WITH_AS(parse_args({"--H", "8", "--H-kv", "3"}),
                        doctest::Contains("H must be a multiple of H_kv"), flashstep::Error);
+  // --backward on a grouped problem needs a stage whose backward runs it
+  // (Stage::grouped_backward): stage 05's does not, in one line and exit 2.
   CHECK_THROWS_WITH_AS(parse_args({"--H-kv", "2", "--backward", "--stage", "05"}),
-                       doctest::Contains("no backward runs grouped-query attention"),
+                       doctest::Contains("--backward --H-kv 2 < H: no selected stage's backward "
+                                         "runs grouped-query attention (these do: 07_tensor_core"),
                        flashstep::Error);
+  const auto refused = run_cli({"model", "--H-kv", "2", "--backward", "--stage", "05"});
+  CHECK(refused.code == 2);
+  CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+  CHECK(parse_args({"--H-kv", "2", "--backward", "--stage", "07_tensor_core"}).backward);
+  const auto grouped_backward = run_cli({"model", "--H", "8", "--H-kv", "2", "--backward",
+                                         "--stage", "07", "--format", "csv"});
+  CHECK(grouped_backward.code == 0);
+  CHECK(grouped_backward.out.find("07_tensor_core_deterministic") != std::string::npos);
   // Stages without grouped heads are skipped, with one line naming them.
   const auto all = run_cli({"model", "--H-kv", "2", "--format", "csv"});
   CHECK(all.code == 0);
