@@ -328,3 +328,37 @@ TEST_CASE("grouped heads: the C ABI's flashstep_forward_v2 and flashstep_stage_g
           std::string::npos);
   }
 }
+
+TEST_CASE("grouped heads: the C ABI's flashstep_backward_v2 and flashstep_stage_grouped_backward") {
+  CHECK(flashstep_stage_grouped_backward("07_tensor_core") == 1);
+  CHECK(flashstep_stage_grouped_backward("07_tensor_core_deterministic") == 1);
+  CHECK(flashstep_stage_grouped_backward("05") == 0);  // a backward, but H_kv = H only
+  CHECK(flashstep_stage_grouped_backward("01") == 0);  // no backward
+  CHECK(flashstep_stage_grouped_backward("nope") == -1);
+  constexpr std::int64_t B = 2, H = 4, Nq = 3, Nk = 5, d = 8;
+  // 2-byte elements for stage 07 (bf16), 4 for stage 05 (fp32): sized for fp32.
+  std::vector<float> Q(B * H * Nq * d), K(B * 1 * Nk * d), V(B * 1 * Nk * d), O(B * H * Nq * d),
+      L(B * H * Nq), dO(B * H * Nq * d), dQ(B * H * Nq * d), dK(B * 1 * Nk * d),
+      dV(B * 1 * Nk * d);
+  auto call = [&](const char* stage, int dtype, std::int64_t H_kv) {
+    return flashstep_backward_v2(stage, dtype, B, H, H_kv, Nq, Nk, d, 0, 0.0, Q.data(),
+                                 K.data(), V.data(), O.data(), L.data(), dO.data(), dQ.data(),
+                                 dK.data(), dV.data(), nullptr);
+  };
+  CHECK(call("07_tensor_core", FLASHSTEP_BF16, 3) == FLASHSTEP_EINVAL);
+  CHECK(std::string(flashstep_last_error()).find("H must be a multiple of H_kv") !=
+        std::string::npos);
+  CHECK(call("07_tensor_core", FLASHSTEP_BF16, 0) == FLASHSTEP_EINVAL);
+  CHECK(call("05", FLASHSTEP_FP32, 1) == FLASHSTEP_ESTAGE);
+  CHECK(std::string(flashstep_last_error()) ==
+        "stage 05_sequence_parallel's backward does not run grouped-query attention (H_kv = 1 < "
+        "H = 4); it needs H_kv = H");
+  CHECK(call("01", FLASHSTEP_FP32, 1) == FLASHSTEP_ESTAGE);  // no backward at all
+  // Valid arguments on host memory: refused at the device-pointer check, not before.
+  const int code = call("07_tensor_core", FLASHSTEP_BF16, 1);
+  CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+  if (code == FLASHSTEP_EINVAL) {
+    CHECK(std::string(flashstep_last_error()).find("must be device or managed memory") !=
+          std::string::npos);
+  }
+}
