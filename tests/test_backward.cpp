@@ -348,6 +348,26 @@ TEST_CASE("stage 07's backward model on grouped heads: K/V blocks read and dK, d
   }
 }
 
+TEST_CASE("stage 07's backward refuses more (query head, Q block) pairs a block than an int counts") {
+  // 2^22 query heads on one K/V head, 2^16 queries: 2^32 pairs for each
+  // (K/V block, K/V head) block, refused before any launch (the pointers are
+  // never read).
+  Problem p = make_problem(1, std::int64_t{1} << 22, std::int64_t{1} << 16, 64, 64, false);
+  p.H_kv = 1;
+  p.dtype = flashstep::DType::kBf16;
+  float dummy = 0.0f;
+  flashstep::BackwardTensors t;
+  t.Q = t.K = t.V = t.O = t.dO = &dummy;
+  t.L = &dummy;
+  t.dQ = t.dK = t.dV = t.workspace = &dummy;
+  for (const char* name : {"07_tensor_core", "07_tensor_core_deterministic"}) {
+    CAPTURE(name);
+    const Stage* s = flashstep::select_stages(name).front();
+    CHECK_THROWS_WITH_AS(s->backward(p, t, nullptr),
+                         doctest::Contains("more than one thread block counts"), flashstep::Error);
+  }
+}
+
 TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the contract says so") {
   namespace bwd = flashstep::tensor_core::bwd;
   // Ragged edges, Nq > Nk (rows that see no key) and Nq < Nk (keys no row

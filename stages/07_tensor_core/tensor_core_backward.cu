@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "common/error.h"
@@ -120,6 +121,14 @@ void backward(const Problem& p, const BackwardTensors& t, Stream stream) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L || !t.dO || !t.dQ || !t.dK || !t.dV || !t.workspace) {
     throw Error("stage 07 backward: null tensor pointer");
+  }
+  // dkdv_kernel counts a group's (query head, Q block) pairs in an int, which
+  // keeps its loop within the registers it had before grouped heads.
+  const std::int64_t pairs = p.group() * ((p.Nq - 1) / bwd::kBr + 1);
+  if (pairs > std::numeric_limits<int>::max()) {
+    throw Error("stage 07 backward: " + std::to_string(p.group()) + " query heads per K/V head" +
+                " times " + std::to_string((p.Nq - 1) / bwd::kBr + 1) + " Q blocks of " +
+                std::to_string(bwd::kBr) + " rows is more than one thread block counts (2^31 - 1)");
   }
   if (p.dtype == DType::kBf16) {
     launch_typed<__nv_bfloat16, kAtomicDQ>(p, t, stream);

@@ -404,7 +404,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // one more spills): with G = 1 it is the ungrouped loop.
   std::int64_t head_row = kv * p.G * p.Nq;  // the pair's query head bh, as bh Nq
   int q0 = q_first;                         // its Q block's first row
-  int left = p.G * ((p.Nq - q_first - 1) / kBr + 1);  // pairs left, this one included
+  // Pairs left, this one included: an int (backward() refuses more).
+  int left = p.G * ((p.Nq - q_first - 1) / kBr + 1);
   // The buffers alternate with the parity of `left`, the first pair's too.
   const int first = left % 2;
   load_q_block<Elem, C>(p, head_row, q0, Qbuf + first * C::kQElems, dObuf + first * C::kQElems,

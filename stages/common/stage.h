@@ -57,14 +57,14 @@ struct HostTensors {
 /// ForwardTensors), L is fp32. The loss is sum(O o dO), so dO is its gradient in O.
 struct BackwardTensors {
   const void* Q = nullptr;    ///< [B, H, Nq, d], p.dtype
-  const void* K = nullptr;    ///< [B, H, Nk, d], p.dtype
-  const void* V = nullptr;    ///< [B, H, Nk, d], p.dtype
+  const void* K = nullptr;    ///< [B, H_kv, Nk, d], p.dtype
+  const void* V = nullptr;    ///< [B, H_kv, Nk, d], p.dtype
   const void* O = nullptr;    ///< [B, H, Nq, d], p.dtype, the forward's output
   const float* L = nullptr;   ///< [B, H, Nq], the forward's logsumexp
   const void* dO = nullptr;   ///< [B, H, Nq, d], p.dtype, dLoss/dO
   void* dQ = nullptr;         ///< [B, H, Nq, d], p.dtype, written
-  void* dK = nullptr;         ///< [B, H, Nk, d], p.dtype, written
-  void* dV = nullptr;         ///< [B, H, Nk, d], p.dtype, written
+  void* dK = nullptr;         ///< [B, H_kv, Nk, d], p.dtype, written: summed over a group
+  void* dV = nullptr;         ///< [B, H_kv, Nk, d], p.dtype, written: summed over a group
   /// The forward's workspace as the forward left it: what a stage saves for its
   /// backward, as autograd saves tensors (stage 02: P). Read only.
   const void* saved = nullptr;
