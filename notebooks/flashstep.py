@@ -18,8 +18,9 @@ key j iff j <= i + Nk - Nq), unlike SDPA's is_causal (top-left) when Nq != Nk.
 The kernels run on torch's current stream.
 
 The backward, for a stage that has one (backward_stages(): 02_safe_softmax,
-05_sequence_parallel, 07_tensor_core, 07_tensor_core_deterministic), by hand
-or through autograd:
+05_sequence_parallel, 07_tensor_core, 07_tensor_core_deterministic; with
+grouped heads, those where grouped_backward(stage) is True: stage 07's), by
+hand or through autograd:
 
     dq, dk, dv = flashstep.backward(q, k, v, o, lse, do, stage="05", causal=True)
     o = flashstep.attention(q, k, v, stage="05", causal=True)  # q, k, v requires_grad
@@ -136,6 +137,12 @@ def _load():
             ctypes.c_char_p, ctypes.c_int, i64, i64, i64, i64, i64, ctypes.c_int,
             ctypes.c_double, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
         lib.flashstep_backward_typed.restype = ctypes.c_int
+        lib.flashstep_backward_v2.argtypes = [
+            ctypes.c_char_p, ctypes.c_int, i64, i64, i64, i64, i64, i64, ctypes.c_int,
+            ctypes.c_double, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+        lib.flashstep_backward_v2.restype = ctypes.c_int
+        lib.flashstep_stage_grouped_backward.argtypes = [ctypes.c_char_p]
+        lib.flashstep_stage_grouped_backward.restype = ctypes.c_int
         lib.flashstep_last_error.argtypes = []
         lib.flashstep_last_error.restype = ctypes.c_char_p
         _lib = lib
@@ -177,6 +184,16 @@ def grouped_heads(stage):
     return bool(g)
 
 
+def grouped_backward(stage):
+    """Whether the stage's backward runs grouped-query problems (dk, dv of a
+    k/v head summed over the q heads that read it); FlashstepError for an
+    unknown stage."""
+    g = _load().flashstep_stage_grouped_backward(_stage_bytes(stage))
+    if g < 0:
+        raise FlashstepError(ESTAGE, last_error())
+    return bool(g)
+
+
 def has_backward(stage):
     """Whether the stage has a backward pass; FlashstepError for an unknown stage."""
     h = _load().flashstep_stage_has_backward(_stage_bytes(stage))
@@ -188,6 +205,10 @@ def has_backward(stage):
 def backward_stages():
     """Names of the stages that have a backward pass, in stage order."""
     return [name for name in stages() if has_backward(name)]
+
+
+def _grouped_backward_stages():
+    return [name for name in stages() if grouped_backward(name)]
 
 
 def _dtype_names(bits):
@@ -346,23 +367,23 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
     o and lse are what forward() returned for the same stage, q, k, v, causal
     and scale (both are read, never written); do is the loss's gradient in o,
     [B,H,Nq,d]. Contiguous, on q's CUDA device; o, do and the results in q's
-    dtype, lse float32. A stage whose forward saves state for its backward
-    (02_safe_softmax: P) has its forward re-run by the library first
-    (stages/capi/flashstep.h). Queued on torch's current stream;
-    FlashstepError (ESTAGE) for a stage without a backward, or one whose
-    backward does not run in q's dtype (backward_dtypes)."""
+    dtype, lse float32. k and v may have fewer heads than q (grouped-query
+    attention) on a stage whose backward runs them (grouped_backward): dk and
+    dv of a k/v head are then summed over the q heads that read it. A stage
+    whose forward saves state for its backward (02_safe_softmax: P) has its
+    forward re-run by the library first (stages/capi/flashstep.h). Queued on
+    torch's current stream; FlashstepError (ESTAGE) for a stage without a
+    backward, one whose backward does not run in q's dtype (backward_dtypes),
+    or grouped heads on one whose backward does not run them."""
     import torch
 
     _require_backward(stage)
     _check_inputs(torch, q, k, v)
-    if k.shape[1] != q.shape[1]:
-        raise ValueError(f"no backward runs grouped-query attention yet: k has {k.shape[1]} "
-                         f"heads, q {q.shape[1]}")
     if lse is None:
         raise ValueError("lse is None: the backward reads the forward's logsumexp L "
                          "[B,H,Nq], which forward() returns for the stages that have a backward")
     B, H, Nq, d = q.shape
-    Nk = k.shape[2]
+    H_kv, Nk = k.shape[1], k.shape[2]
     _check_like(torch, "o", o, q.shape, q.device, "[B,H,Nq,d] like q", q.dtype)
     _check_like(torch, "lse", lse, (B, H, Nq), q.device, "[B,H,Nq]", torch.float32)
     _check_like(torch, "do", do, q.shape, q.device, "[B,H,Nq,d] like q", q.dtype)
@@ -375,8 +396,8 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
         dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        _call(torch, lambda: lib.flashstep_backward_typed(
-            _stage_bytes(stage), code, B, H, Nq, Nk, d, causal_arg, scale_arg,
+        _call(torch, lambda: lib.flashstep_backward_v2(
+            _stage_bytes(stage), code, B, H, H_kv, Nq, Nk, d, causal_arg, scale_arg,
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
             do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), stream))
     return dq, dk, dv
@@ -426,13 +447,20 @@ def _attention():
 def attention(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
     """o = attention(q, k, v) through autograd: o.backward(...) (or any loss of o)
     fills q.grad, k.grad and v.grad with the stage's backward. Inputs as for
-    forward(); FlashstepError (ESTAGE), up front, for a stage without a backward
-    or one whose backward does not run in q's dtype."""
+    forward(); FlashstepError (ESTAGE), up front, for a stage without a backward,
+    one whose backward does not run in q's dtype, or k, v with fewer heads than
+    q on one whose backward does not run grouped heads (grouped_backward)."""
     _require_backward(stage)
     name, have = _dtype_name(getattr(q, "dtype", None)), backward_dtypes(stage)
     if name is not None and name not in have:
         raise FlashstepError(ESTAGE, f"stage {stage}'s backward does not run in {name} "
                                      f"(it runs in {', '.join(have)})")
+    # Heads as far as q and k have them; forward() checks their shapes in full.
+    q_heads, k_heads = (tuple(getattr(t, "shape", ()))[1:2] for t in (q, k))
+    if q_heads and k_heads and q_heads != k_heads and not grouped_backward(stage):
+        raise FlashstepError(ESTAGE, f"stage {stage}'s backward does not run grouped-query "
+                                     f"attention (k has {k_heads[0]} heads, q {q_heads[0]}); "
+                                     f"these do: {', '.join(_grouped_backward_stages())}")
     return _attention().apply(q, k, v, stage, causal, scale)
 
 
@@ -478,6 +506,12 @@ BACKWARD_PROBLEMS = [
     (2, 1, 113, 203, 96, True, None),
     (1, 2, 33, 45, 256, False, None),
     (1, 2, 45, 33, 40, True, 0.25),
+]
+# (B, H, H_kv, Nq, Nk, d, causal, scale): grouped-query problems for the
+# backwards that run them (grouped_backward), H / H_kv = 4 and 8 (MQA).
+GROUPED_BACKWARD_PROBLEMS = [
+    (2, 8, 2, 97, 113, 64, False, None),
+    (1, 8, 1, 130, 67, 128, True, None),
 ]
 # Stage 01 keeps S [B,H,Nq,Nk] in a workspace: at N = 250000 that is 233 GiB,
 # more than any one GPU here has, so the call must fail with ENOMEM up front.
@@ -527,8 +561,21 @@ def _naive(torch, q, k, v, causal, scale):
     O = P V summed in fp32 and rounded. Rows that see no key give 0."""
     d = q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    k, v = (_expand(t, q) for t in (k, v))
     p = _softmax(torch, (q.float() @ k.float().transpose(-1, -2)) * scale, causal)
     return (p.to(q.dtype).float() @ v.float()).to(q.dtype)
+
+
+def _expand(t, q):
+    """k or v [B,H_kv,N,d] repeated to q's H heads: query head h's k/v head h // (H // H_kv)."""
+    return t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
+
+
+def _group_sum(t, k):
+    """[B,H,N,d] summed over each group of H // H_kv query heads to k's [B,H_kv,N,d]:
+    a k/v head's gradient from those of the query heads that read it."""
+    B, H_kv = k.shape[:2]
+    return t.reshape(B, H_kv, t.shape[1] // H_kv, *t.shape[2:]).sum(2)
 
 
 def _truth(torch, q, k, v, causal, scale, dtype):
@@ -547,13 +594,15 @@ def _truth(torch, q, k, v, causal, scale, dtype):
 
 def _reference_grads(torch, q, k, v, do, causal, scale):
     """fp64 autograd of attention written out (S, masked softmax, P V): dq, dk, dv.
-    Rows that see no key have P = 0, so O = 0 and their gradients are 0."""
+    Rows that see no key have P = 0, so O = 0 and their gradients are 0. With
+    grouped heads k and v are repeated to q's heads inside the graph, so
+    autograd sums dk, dv over each group."""
     d = q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     with torch.enable_grad():
         q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-        p = _softmax(torch, (q64 @ k64.transpose(-1, -2)) * scale, causal)
-        (p @ v64).backward(do.double())
+        p = _softmax(torch, (q64 @ _expand(k64, q64).transpose(-1, -2)) * scale, causal)
+        (p @ _expand(v64, q64)).backward(do.double())
     return q64.grad, k64.grad, v64.grad
 
 
@@ -564,14 +613,16 @@ def _grad_truth(torch, q, k, v, do, causal, scale, dtype, o_read=None):
     elementwise); in 16 bits FlashAttention's rule, twice the error of the naive
     backward in that dtype plus a floor: GRAD_ATOL, and for dq and dk the fp32
     error bound of the cancellation in dS = P o (dP - D). The naive reads o_read,
-    the O the stage's backward reads (its forward's), when given."""
+    the O the stage's backward reads (its forward's), when given. With grouped
+    heads the naive's dk, dv are summed over each group in fp32, then rounded
+    once (common/check.h), and so is dk's floor."""
     qd, kd, vd, dod = (t.to(dtype) for t in (q, k, v, do))
     want = _reference_grads(torch, qd, kd, vd, dod, causal, scale)
     if dtype == torch.float32:
         return (qd, kd, vd, dod), want, None
     d = q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    qf, kf, vf, dof = (t.float() for t in (qd, kd, vd, dod))
+    qf, kf, vf, dof = (t.float() for t in (qd, _expand(kd, qd), _expand(vd, qd), dod))
     p = _softmax(torch, (qf @ kf.transpose(-1, -2)) * scale, causal)
     # D = rowsum(dO o O) from the O the stage's backward read (check.h says why:
     # at small d one ulp of O moves every dS of its row), else the naive's own.
@@ -587,15 +638,16 @@ def _grad_truth(torch, q, k, v, do, causal, scale, dtype, o_read=None):
         o = o_read.float()
     D = (dof * o).sum(-1, keepdim=True)
     ds = (p * (dof @ vf.transpose(-1, -2) - D)).to(dtype).float()
-    naive = ((scale * (ds @ kf)).to(dtype), (scale * (ds.transpose(-1, -2) @ qf)).to(dtype),
-             (p.to(dtype).float().transpose(-1, -2) @ dof).to(dtype))
+    naive = ((scale * (ds @ kf)).to(dtype),
+             _group_sum(scale * (ds.transpose(-1, -2) @ qf), kd).to(dtype),
+             _group_sum(p.to(dtype).float().transpose(-1, -2) @ dof, kd).to(dtype))
     unit = 2.0 ** -11 if dtype == torch.float16 else 2.0 ** -8
     gamma = (d + 2) * 2.0 ** -24 / (1 - (d + 2) * 2.0 ** -24) * (1 + unit)
-    ad, av, ak, aq = (t.double().abs() for t in (dod, vd, kd, qd))
+    ad, av, ak, aq = (t.double().abs() for t in (dod, _expand(vd, qd), _expand(kd, qd), qd))
     ds_error = p.double() * gamma * (ad @ av.transpose(-1, -2) +
                                      (ad * o.double().abs()).sum(-1, keepdim=True))
     floors = (GRAD_ATOL + abs(scale) * (ds_error @ ak).max().item(),
-              GRAD_ATOL + abs(scale) * (ds_error.transpose(-1, -2) @ aq).max().item(),
+              GRAD_ATOL + abs(scale) * _group_sum(ds_error.transpose(-1, -2) @ aq, kd).max().item(),
               GRAD_ATOL)
     bounds = tuple(2 * (n.double() - w).abs().max().item() + f
                    for n, w, f in zip(naive, want, floors))
@@ -611,10 +663,11 @@ def _compare(torch, got, want, atol=ATOL, rtol=RTOL):
     return err.max().item(), int(bad.sum().item())
 
 
-def _inputs(torch, B, H, Nq, Nk, d, device, gen):
-    def draw(n):
-        return torch.randn((B, H, n, d), generator=gen, device=device) + INPUT_MEAN
-    return draw(Nq), draw(Nk), draw(Nk)
+def _inputs(torch, B, H, Nq, Nk, d, device, gen, H_kv=None):
+    def draw(heads, n):
+        return torch.randn((B, heads, n, d), generator=gen, device=device) + INPUT_MEAN
+    H_kv = H if H_kv is None else H_kv
+    return draw(H, Nq), draw(H_kv, Nk), draw(H_kv, Nk)
 
 
 def _expect(what, fn, exc_type, fragment, code=None):
@@ -639,8 +692,9 @@ def _selftest_backward(torch, dev, gen):
     16 bits by the gradients' rule, _grad_truth), by backward() and through
     attention(); prints a line per stage and dtype, returns the number that failed."""
     problems = []
-    for B, H, Nq, Nk, d, causal, scale in BACKWARD_PROBLEMS:
-        q, k, v = _inputs(torch, B, H, Nq, Nk, d, dev, gen)
+    for B, H, H_kv, Nq, Nk, d, causal, scale in (
+            [(B, H, H, *rest) for B, H, *rest in BACKWARD_PROBLEMS] + GROUPED_BACKWARD_PROBLEMS):
+        q, k, v = _inputs(torch, B, H, Nq, Nk, d, dev, gen, H_kv)
         do = torch.randn((B, H, Nq, d), generator=gen, device=dev)  # zero mean, as dO is
         problems.append((q, k, v, do, causal, scale))
     failures = 0
@@ -658,6 +712,8 @@ def _selftest_backward(torch, dev, gen):
 
         try:
             for q, k, v, do, causal, scale in problems:
+                if k.shape[1] != q.shape[1] and not grouped_backward(stage):
+                    continue  # refused in one line (the C ABI's tests)
                 q, k, v, do = (t.to(dtype) for t in (q, k, v, do))
                 o, lse = forward(q, k, v, stage=stage, causal=causal, scale=scale)
                 _, want, bounds = _grad_truth(torch, q, k, v, do, causal, scale, dtype, o)

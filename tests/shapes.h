@@ -74,6 +74,28 @@ inline std::vector<Problem> grouped_problems() {
   return out;
 }
 
+/// K or V [B, H_kv, Nk, d] copied out to [B, H, Nk, d]: query head h's own copy
+/// of K/V head h / (H / H_kv), written without kv_head_of.
+inline std::vector<float> expand_heads(const Problem& p, const std::vector<float>& kv) {
+  const std::int64_t group = p.H / p.kv_heads();
+  const std::int64_t head = p.Nk * p.d;  // elements of one head
+  std::vector<float> out(static_cast<size_t>(p.B * p.H * head));
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t h = 0; h < p.H; ++h) {
+      const std::int64_t from = (b * p.kv_heads() + h / group) * head;
+      const std::int64_t to = (b * p.H + h) * head;
+      for (std::int64_t e = 0; e < head; ++e) out[to + e] = kv[from + e];
+    }
+  }
+  return out;
+}
+
+/// p with H_kv = H: the expanded problem.
+inline Problem ungrouped(Problem p) {
+  p.H_kv.reset();
+  return p;
+}
+
 /// p with the softmax scale `scale` in element type `t` (the mirror tests'
 /// negative, zero and large scales).
 inline Problem with_scale(Problem p, double scale, DType t) {

@@ -195,6 +195,33 @@ TEST_CASE("stage 07's backward mirror, on its forward mirror's O and L, passes t
   }
 }
 
+TEST_CASE("stage 07's backward mirror on grouped heads: dQ as the expanded problem's, the rule met") {
+  // The kernels stream a group's query heads past one dK_j, dV_j (the mirror
+  // as they do): each query head's dQ is the expanded problem's bit for bit,
+  // and dK, dV (the group's sums, rounded once) pass the rule against the
+  // grouped fp64 reference and naive backward.
+  std::uint64_t seed = 950;
+  for (Problem p : flashstep::test::grouped_problems()) {
+    if (p.heads() * p.Nq * p.Nk * p.d > 30'000'000) continue;  // the CPU test's time
+    p.dtype = seed % 2 == 0 ? flashstep::DType::kBf16 : flashstep::DType::kFp16;
+    CAPTURE(p.describe());
+    for (std::int64_t bh = 0; bh < p.heads(); ++bh) {  // the kernels' one-division head map
+      CHECK(bh / p.group() == p.kv_head(bh));
+    }
+    const auto in = flashstep::random_inputs(p, seed++);
+    const auto dO = flashstep::random_output_grad(p, seed++);
+    const auto g = stage07_mirror_grads(p, in, dO, 0.0f);
+    const auto truth = flashstep::backward_truth(p, in, dO, &g.O);
+    const auto c = flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+    CHECK_MESSAGE(c.ok(), c.summary());
+    flashstep::Inputs expanded = in;
+    expanded.K = flashstep::test::expand_heads(p, in.K);
+    expanded.V = flashstep::test::expand_heads(p, in.V);
+    const auto full = stage07_mirror_grads(flashstep::test::ungrouped(p), expanded, dO, 0.0f);
+    CHECK(flashstep::test::same_bits(g.dQ, full.dQ));
+  }
+}
+
 TEST_CASE("stage 07's backward mirror with L off by 0.05 (P off by 5%) fails the rule") {
   for (flashstep::DType t : {flashstep::DType::kBf16, flashstep::DType::kFp16}) {
     Problem p = make_problem(1, 2, 113, 203, 40, true);
@@ -305,6 +332,48 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   CHECK(flashstep::tensor_core::bwd::dq_accum_rows(p.Nq) == 256);
   const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
   CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
+}
+
+TEST_CASE("stage 07's backward model on grouped heads: K/V blocks read and dK, dV written once per group") {
+  // B = 1, H = 4, H_kv = 1, N = 256, d = 64 (K/V blocks of 64 keys): the
+  // (dK, dV) kernel runs 4 blocks, not 16, and reads Kj, Vj and writes dK_j,
+  // dV_j once instead of once per query head; all else as the expanded problem.
+  for (const char* name : {"07_tensor_core", "07_tensor_core_deterministic"}) {
+    const Stage* s = flashstep::select_stages(name).front();
+    Problem grouped = make_problem(1, 4, 256, 256, 64, false);
+    grouped.H_kv = 1;
+    grouped.dtype = flashstep::DType::kBf16;
+    CAPTURE(name);
+    const Cost g = s->backward_model(grouped);
+    const Cost full = s->backward_model(flashstep::test::ungrouped(grouped));
+    const std::int64_t kv_once = 2 * 256 * 64 * 2;  // K and V (or dK and dV) of one head, bf16
+    CHECK(full.hbm_read_bytes - g.hbm_read_bytes == 3 * kv_once);
+    CHECK(full.hbm_write_bytes - g.hbm_write_bytes == 3 * kv_once);
+    CHECK(full.sram_write_bytes - g.sram_write_bytes == 3 * kv_once);
+    CHECK(full.sram_read_bytes == g.sram_read_bytes);
+    CHECK(full.matmul_flops == g.matmul_flops);
+    CHECK(full.thread_blocks - g.thread_blocks == 4 * (4 - 1));
+  }
+}
+
+TEST_CASE("stage 07's backward refuses more (query head, Q block) pairs a block than an int counts") {
+  // 2^22 query heads on one K/V head, 2^16 queries: 2^32 pairs for each
+  // (K/V block, K/V head) block, refused before any launch (the pointers are
+  // never read).
+  Problem p = make_problem(1, std::int64_t{1} << 22, std::int64_t{1} << 16, 64, 64, false);
+  p.H_kv = 1;
+  p.dtype = flashstep::DType::kBf16;
+  float dummy = 0.0f;
+  flashstep::BackwardTensors t;
+  t.Q = t.K = t.V = t.O = t.dO = &dummy;
+  t.L = &dummy;
+  t.dQ = t.dK = t.dV = t.workspace = &dummy;
+  for (const char* name : {"07_tensor_core", "07_tensor_core_deterministic"}) {
+    CAPTURE(name);
+    const Stage* s = flashstep::select_stages(name).front();
+    CHECK_THROWS_WITH_AS(s->backward(p, t, nullptr),
+                         doctest::Contains("more than one thread block counts"), flashstep::Error);
+  }
 }
 
 TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the contract says so") {

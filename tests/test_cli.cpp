@@ -549,10 +549,17 @@ TEST_CASE("cli: 16-bit gradients are checked against a naive backward reading th
     CHECK(r.err.find("its own O") == std::string::npos);
   }
   // 16 heads of 2048 x 2048 x 64: 4.3e9 multiply-adds, over the CLI's
-  // all-heads budget of 4e9; head 0 alone is checked. (Not grouped: no
-  // backward runs H_kv < H yet, and --backward refuses it.)
+  // all-heads budget of 4e9; head 0 alone is checked.
   const Result r = run16({"--stage", "07_tensor_core", "--H", "16", "--N", "2048", "--d", "64"});
   CAPTURE(r.err);
   CHECK(r.code == 0);
   CHECK(r.err.find("reading the stage's O, of head 0 only") != std::string::npos);
+  // Grouped, 8 query heads per K/V head: K/V head 0's dK and dV sum over 8
+  // query heads, so head 0's whole group is checked (a wrong head map in the
+  // stage's backward would fail it: exit 1).
+  const Result g = run16({"--stage", "07_tensor_core", "--H", "16", "--H-kv", "2", "--N", "2048",
+                          "--d", "64"});
+  CAPTURE(g.err);
+  CHECK(g.code == 0);
+  CHECK(g.err.find("reading the stage's O, of head 0's group only") != std::string::npos);
 }

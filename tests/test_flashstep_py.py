@@ -19,6 +19,14 @@ def refused(fn, exc_type, fragment):
     return False
 
 
+class Shaped:
+    """A stand-in for a tensor: a shape and nothing else, for the checks made
+    before torch is imported."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
 CHECKS = [
     ("a stage name holding a NUL, which C would cut short",
      lambda: refused(lambda: flashstep.writes_lse("05\0x"), ValueError, "NUL")),
@@ -28,6 +36,16 @@ CHECKS = [
     ("a stage that is not a str",
      lambda: refused(lambda: flashstep.has_backward(5), TypeError, "must be a str")),
     ("a known stage", lambda: flashstep.writes_lse("05") and flashstep.has_backward("05")),
+    ("grouped heads in the backward: stage 07's, not stage 05's",
+     lambda: flashstep.grouped_backward("07_tensor_core")
+     and flashstep.grouped_backward("07_tensor_core_deterministic")
+     and not flashstep.grouped_backward("05")
+     and flashstep._grouped_backward_stages() == ["07_tensor_core",
+                                                  "07_tensor_core_deterministic"]),
+    ("attention() with fewer k heads than q heads on a backward without them, up front",
+     lambda: refused(lambda: flashstep.attention(Shaped((1, 4, 3, 8)), Shaped((1, 2, 5, 8)),
+                                                 Shaped((1, 2, 5, 8)), stage="05"),
+                     flashstep.FlashstepError, "does not run grouped-query attention")),
     ("causal as the string 'False', which is truthy",
      lambda: refused(lambda: flashstep._causal_arg("False"), TypeError, "True or False")),
     ("causal 2", lambda: refused(lambda: flashstep._causal_arg(2), TypeError, "True or False")),

@@ -382,6 +382,61 @@ TEST_CASE("every backward, in each of its types, matches the fp64 gradients on t
   }
 }
 
+TEST_CASE("grouped-query heads in the backward (H / H_kv in 4, 8, 32, MQA): the stages that run them") {
+  // dK and dV of a K/V head sum over its group's query heads: checked against
+  // the grouped fp64 reference and naive backward (a wrong head map, or a
+  // member of the group left out or counted twice, fails dK and dV by whole
+  // heads' gradients). The grouped grid has no d = 256 (the kernels' d
+  // split) and few rows past Nk: two more shapes for them, and K/V heads past
+  // grid y's 65535 (B H_kv = 70002) for the kernels' grid-stride loops.
+  std::vector<Problem> problems = flashstep::test::grouped_problems();
+  for (bool causal : {false, true}) {
+    for (Problem p : {flashstep::test::make_problem(1, 8, 77, 150, 256, causal),
+                      flashstep::test::make_problem(2, 4, 200, 130, 128, causal),
+                      flashstep::test::make_problem(35001, 4, 5, 7, 3, causal)}) {
+      p.H_kv = p.B == 35001 ? 2 : p.H / 4;
+      problems.push_back(p);
+    }
+  }
+  std::uint64_t seed = 7000;
+  for (const Stage* s : with_backward()) {
+    if (!s->grouped_backward) continue;
+    for (DType t : s->backward_dtypes) {
+      for (const Problem& grouped : problems) {
+        const Problem p = typed(grouped, t);
+        CAPTURE(s->name);
+        CAPTURE(p.describe());
+        const auto in = flashstep::random_inputs(p, seed++);
+        const auto dO = flashstep::random_output_grad(p, seed++);
+        const Gradients got = run_backward(*s, p, in, dO);
+        REQUIRE(got.dK.size() == static_cast<size_t>(p.kv_elems()));
+        check_gradients(p, in, dO, got);
+        for (std::int64_t bh = 0; bh < p.heads(); ++bh) {  // rows that see no key: dQ = 0
+          for (std::int64_t i = 0; i < p.Nq && p.visible_keys(i) == 0; ++i) {
+            for (std::int64_t k = 0; k < p.d; ++k) REQUIRE(got.dQ[(bh * p.Nq + i) * p.d + k] == 0.0f);
+          }
+        }
+        for (const auto* g : {&got.dQ, &got.dK, &got.dV}) CHECK(all_finite(*g));
+      }
+    }
+  }
+}
+
+TEST_CASE("grouped-query heads: a backward without them is refused by the runner, in one line") {
+  Problem p = flashstep::test::make_problem(1, 8, 4, 4, 16, false);
+  p.H_kv = 2;
+  const auto in = flashstep::random_inputs(p, 62);
+  const auto dO = flashstep::random_output_grad(p, 63);
+  for (const Stage* s : with_backward()) {
+    if (!s->grouped_heads || s->grouped_backward) continue;
+    CAPTURE(s->name);
+    p.dtype = s->backward_dtypes.front();
+    CHECK_THROWS_WITH_AS(DeviceRun(*s, p, in.Q.data(), in.K.data(), in.V.data(), dO.data()),
+                         doctest::Contains("'s backward does not run grouped-query attention"),
+                         flashstep::Error);
+  }
+}
+
 TEST_CASE("more heads than a grid axis holds (B * H > 65535): every forward and backward") {
   // Grid y and z stop at 65535 blocks; stages that put heads there walk the
   // rest with a grid-stride loop. Tiny heads keep the problem small.

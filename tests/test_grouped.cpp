@@ -28,30 +28,8 @@
 using flashstep::Problem;
 using flashstep::Stage;
 
-namespace {
-
-// K or V [B, H_kv, Nk, d] copied out to [B, H, Nk, d]: query head h's own copy
-// of K/V head h / (H / H_kv), written without kv_head_of.
-std::vector<float> expand_heads(const Problem& p, const std::vector<float>& kv) {
-  const std::int64_t group = p.H / p.kv_heads();
-  const std::int64_t head = p.Nk * p.d;  // elements of one head
-  std::vector<float> out(static_cast<size_t>(p.B * p.H * head));
-  for (std::int64_t b = 0; b < p.B; ++b) {
-    for (std::int64_t h = 0; h < p.H; ++h) {
-      const std::int64_t from = (b * p.kv_heads() + h / group) * head;
-      const std::int64_t to = (b * p.H + h) * head;
-      for (std::int64_t e = 0; e < head; ++e) out[to + e] = kv[from + e];
-    }
-  }
-  return out;
-}
-
-Problem ungrouped(Problem p) {
-  p.H_kv.reset();
-  return p;
-}
-
-}  // namespace
+using flashstep::test::expand_heads;
+using flashstep::test::ungrouped;
 
 TEST_CASE("grouped heads: validate wants H a multiple of H_kv >= 1, and says so") {
   Problem p;
@@ -198,9 +176,15 @@ TEST_CASE("grouped heads: the runners refuse a stage without them in one line") 
                                .c_str(),
                            flashstep::Error);
     }
-    if (s.backward) {
+    if (s.grouped_backward) {
+      CHECK(s.grouped_heads);
+      CHECK_NOTHROW(flashstep::require_heads(s, p, true));
+    } else if (s.backward) {
       CHECK_THROWS_WITH_AS(flashstep::require_heads(s, p, true),
-                           doctest::Contains("'s backward does not run grouped-query attention"),
+                           ("stage " + std::string(s.name) +
+                            "'s backward does not run grouped-query attention (H_kv = 2 < H = 8); "
+                            "it needs H_kv = H")
+                               .c_str(),
                            flashstep::Error);
     }
   }
@@ -213,6 +197,10 @@ TEST_CASE("grouped heads: the runners refuse a stage without them in one line") 
       CAPTURE(name);
       CHECK(s.grouped_heads);
     }
+    // Stage 07's two backwards run them, and no other stage's backward.
+    const bool stage07_backward =
+        s.name == "07_tensor_core" || s.name == "07_tensor_core_deterministic";
+    CHECK(s.grouped_backward == stage07_backward);
   }
 }
 
@@ -262,9 +250,20 @@ TEST_CASE("grouped heads: the CLI's --H-kv, and --load taking H_kv from K's shap
   CHECK(parse_args({"--H", "8", "--H-kv", "2"}).problem.kv_heads() == 2);
   CHECK_THROWS_WITH_AS(parse_args({"--H", "8", "--H-kv", "3"}),
                        doctest::Contains("H must be a multiple of H_kv"), flashstep::Error);
+  // --backward on a grouped problem needs a stage whose backward runs it
+  // (Stage::grouped_backward): stage 05's does not, in one line and exit 2.
   CHECK_THROWS_WITH_AS(parse_args({"--H-kv", "2", "--backward", "--stage", "05"}),
-                       doctest::Contains("no backward runs grouped-query attention"),
+                       doctest::Contains("--backward --H-kv 2 < H: no selected stage's backward "
+                                         "runs grouped-query attention (these do: 07_tensor_core"),
                        flashstep::Error);
+  const auto refused = run_cli({"model", "--H-kv", "2", "--backward", "--stage", "05"});
+  CHECK(refused.code == 2);
+  CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+  CHECK(parse_args({"--H-kv", "2", "--backward", "--stage", "07_tensor_core"}).backward);
+  const auto grouped_backward = run_cli({"model", "--H", "8", "--H-kv", "2", "--backward",
+                                         "--stage", "07", "--format", "csv"});
+  CHECK(grouped_backward.code == 0);
+  CHECK(grouped_backward.out.find("07_tensor_core_deterministic") != std::string::npos);
   // Stages without grouped heads are skipped, with one line naming them.
   const auto all = run_cli({"model", "--H-kv", "2", "--format", "csv"});
   CHECK(all.code == 0);
@@ -323,6 +322,40 @@ TEST_CASE("grouped heads: the C ABI's flashstep_forward_v2 and flashstep_stage_g
         std::string::npos);
   // Valid arguments on host memory: refused at the device-pointer check, not before.
   const int code = call("05", 1);
+  CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+  if (code == FLASHSTEP_EINVAL) {
+    CHECK(std::string(flashstep_last_error()).find("must be device or managed memory") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("grouped heads: the C ABI's flashstep_backward_v2 and flashstep_stage_grouped_backward") {
+  CHECK(flashstep_stage_grouped_backward("07_tensor_core") == 1);
+  CHECK(flashstep_stage_grouped_backward("07_tensor_core_deterministic") == 1);
+  CHECK(flashstep_stage_grouped_backward("05") == 0);  // a backward, but H_kv = H only
+  CHECK(flashstep_stage_grouped_backward("01") == 0);  // no backward
+  CHECK(flashstep_stage_grouped_backward("nope") == -1);
+  constexpr std::int64_t B = 2, H = 4, Nq = 3, Nk = 5, d = 8;
+  // 2-byte elements for stage 07 (bf16), 4 for stage 05 (fp32): sized for fp32.
+  std::vector<float> Q(B * H * Nq * d), K(B * 1 * Nk * d), V(B * 1 * Nk * d), O(B * H * Nq * d),
+      L(B * H * Nq), dO(B * H * Nq * d), dQ(B * H * Nq * d), dK(B * 1 * Nk * d),
+      dV(B * 1 * Nk * d);
+  auto call = [&](const char* stage, int dtype, std::int64_t H_kv) {
+    return flashstep_backward_v2(stage, dtype, B, H, H_kv, Nq, Nk, d, 0, 0.0, Q.data(),
+                                 K.data(), V.data(), O.data(), L.data(), dO.data(), dQ.data(),
+                                 dK.data(), dV.data(), nullptr);
+  };
+  CHECK(call("07_tensor_core", FLASHSTEP_BF16, 3) == FLASHSTEP_EINVAL);
+  CHECK(std::string(flashstep_last_error()).find("H must be a multiple of H_kv") !=
+        std::string::npos);
+  CHECK(call("07_tensor_core", FLASHSTEP_BF16, 0) == FLASHSTEP_EINVAL);
+  CHECK(call("05", FLASHSTEP_FP32, 1) == FLASHSTEP_ESTAGE);
+  CHECK(std::string(flashstep_last_error()) ==
+        "stage 05_sequence_parallel's backward does not run grouped-query attention (H_kv = 1 < "
+        "H = 4); it needs H_kv = H");
+  CHECK(call("01", FLASHSTEP_FP32, 1) == FLASHSTEP_ESTAGE);  // no backward at all
+  // Valid arguments on host memory: refused at the device-pointer check, not before.
+  const int code = call("07_tensor_core", FLASHSTEP_BF16, 1);
   CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
   if (code == FLASHSTEP_EINVAL) {
     CHECK(std::string(flashstep_last_error()).find("must be device or managed memory") !=

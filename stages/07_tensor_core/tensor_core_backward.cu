@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "common/cuda_check.h"
@@ -55,6 +56,8 @@ bwd::BackwardParams<Elem> make_backward_params(const Problem& p, const BackwardT
   prm.L_log2 = reinterpret_cast<float*>(ws + row_bytes(p));
   prm.dQ_accum = reinterpret_cast<float*>(ws + 2 * row_bytes(p));
   prm.heads = p.heads();
+  prm.kv_heads = p.B * p.kv_heads();
+  prm.G = static_cast<int>(p.group());
   prm.Nq = static_cast<int>(p.Nq);
   prm.Nk = static_cast<int>(p.Nk);
   prm.d = static_cast<int>(p.d);
@@ -83,10 +86,14 @@ void launch_bucket(const Problem& p, const BackwardTensors& t, Stream stream) {
   }
   bwd::prepare_kernel<Elem><<<prep_blocks, bwd::kPrepRowsPerBlock * kWarpSize, 0, stream>>>(prm);
   check_launch("stage 07 backward: D pre-pass");
+  // The (dK, dV) kernel runs per K/V head (its group's query heads inside),
+  // the dQ kernel per query head.
+  const unsigned kv_heads_y = static_cast<unsigned>(std::min(prm.kv_heads, bwd::kMaxGridY));
   const unsigned heads_y = static_cast<unsigned>(std::min(p.heads(), bwd::kMaxGridY));
   const std::int64_t Tc = (p.Nk - 1) / C::kBc + 1;
-  launch_with_smem(bwd::dkdv_kernel<Elem, C, kAtomicDQ>, dim3(static_cast<unsigned>(Tc), heads_y),
-                   C::kThreads, C::kSmemBytes, stream, "stage 07 backward: dK, dV kernel", prm);
+  launch_with_smem(bwd::dkdv_kernel<Elem, C, kAtomicDQ>,
+                   dim3(static_cast<unsigned>(Tc), kv_heads_y), C::kThreads, C::kSmemBytes,
+                   stream, "stage 07 backward: dK, dV kernel", prm);
   if constexpr (kAtomicDQ) {
     const auto blocks = static_cast<unsigned>(
         std::min((p.q_elems() + kPassThreads - 1) / kPassThreads, kMaxPassBlocks));
@@ -122,6 +129,14 @@ void backward(const Problem& p, const BackwardTensors& t, Stream stream) {
   validate(p);
   if (!t.Q || !t.K || !t.V || !t.O || !t.L || !t.dO || !t.dQ || !t.dK || !t.dV || !t.workspace) {
     throw Error("stage 07 backward: null tensor pointer");
+  }
+  // dkdv_kernel counts a group's (query head, Q block) pairs in an int, which
+  // keeps its loop within the registers it had before grouped heads.
+  const std::int64_t pairs = p.group() * ((p.Nq - 1) / bwd::kBr + 1);
+  if (pairs > std::numeric_limits<int>::max()) {
+    throw Error("stage 07 backward: " + std::to_string(p.group()) + " query heads per K/V head" +
+                " times " + std::to_string((p.Nq - 1) / bwd::kBr + 1) + " Q blocks of " +
+                std::to_string(bwd::kBr) + " rows is more than one thread block counts (2^31 - 1)");
   }
   if (p.dtype == DType::kBf16) {
     launch_typed<__nv_bfloat16, kAtomicDQ>(p, t, stream);

@@ -6,15 +6,24 @@
 //   prepare_kernel   line 4: D_i = rowsum(dO_i o O_i); L_i into log2 units
 //                    (the atomic variant's fp32 accumulator of dQ is zeroed
 //                    by a memset before it)
-//   dkdv_kernel      lines 5-20: one thread block per (K/V block j, head),
-//                    Kj, Vj kept in shared memory and dK_j, dV_j in registers
-//                    while the Q blocks stream past; dQ_i += dS_ij Kj by fp32
-//                    atomic adds (atomic variant)
+//   dkdv_kernel      lines 5-20: one thread block per (K/V block j, K/V
+//                    head), Kj, Vj kept in shared memory and dK_j, dV_j in
+//                    registers while the Q blocks stream past, those of
+//                    every query head of the K/V head's group; dQ_i += dS_ij
+//                    Kj by fp32 atomic adds (atomic variant)
 //   convert_dq_kernel  dQ = scale * accumulator, rounded to the element type
 // The deterministic variant replaces the atomics and the conversion by
-//   dq_kernel        one thread block per (Q block i, head), summing
-//                    dQ_i = scale sum_j dS_ij Kj over the K/V blocks in one
-//                    fixed order, S_ij and dP_ij recomputed
+//   dq_kernel        one thread block per (Q block i, query head), summing
+//                    dQ_i = scale sum_j dS_ij Kj over the K/V blocks of its
+//                    group's K/V head in one fixed order, S_ij and dP_ij
+//                    recomputed
+//
+// Grouped-query heads (H_kv < H): dK_j and dV_j of a K/V head are sums over
+// the H / H_kv query heads of its group. The (dK, dV) kernel streams the Q
+// blocks of all of them, member after member, through its one pipelined
+// loop: the sums stay in registers, each dK_j, dV_j is written once, and
+// they need no atomics (summing per query head in global memory would).
+// With H_kv = H the group is one head and the loop is as before.
 //
 // The five products of dkdv_kernel, and where P and dS live. A warp owns 16
 // keys of Kj (its key group) and computes the TRANSPOSED scores
@@ -68,18 +77,23 @@ namespace flashstep::tensor_core::bwd {
 template <typename Elem>
 struct BackwardParams {
   const Elem* Q;       // [heads, Nq, d]
-  const Elem* K;       // [heads, Nk, d]
-  const Elem* V;       // [heads, Nk, d]
+  const Elem* K;       // [kv_heads, Nk, d]
+  const Elem* V;       // [kv_heads, Nk, d]
   const Elem* O;       // [heads, Nq, d], the forward's output
   const float* L;      // [heads, Nq], the forward's logsumexp (natural log)
   const Elem* dO;      // [heads, Nq, d]
   Elem* dQ;            // [heads, Nq, d]
-  Elem* dK;            // [heads, Nk, d]
-  Elem* dV;            // [heads, Nk, d]
+  Elem* dK;            // [kv_heads, Nk, d]
+  Elem* dV;            // [kv_heads, Nk, d]
   float* dQ_accum;     // [heads, dq_accum_rows(Nq), bucket], fp32: the atomic variant's sums
   float* D;            // [heads, Nq]: rowsum(dO o O)
   float* L_log2;       // [heads, Nq]: L log2(e), +inf for a row that sees no key
-  std::int64_t heads;  // B * H
+  std::int64_t heads;     // B * H
+  std::int64_t kv_heads;  // B * H_kv
+  // Query heads per K/V head, H / H_kv: a group's query heads are consecutive,
+  // K/V head kv serving query heads kv G .. kv G + G - 1, so query head bh
+  // reads K/V head bh / G (common/problem.h's kv_head_of, one division).
+  int G;
   int Nq, Nk, d;
   bool causal;
   float scale;       // the softmax scale, any sign
@@ -288,14 +302,14 @@ __device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
 #endif
 }
 
-/// Starts the copies of Q block i's Qi, dOi into their buffers (cp.async)
-/// and loads its rows' L and D (plain loads: 2 Br floats). Rows past Nq get
-/// Q = dO = 0, L = +inf (P = 0) and D = 0.
+/// Starts the copies of a Q block, Qi and dOi, into their buffers (cp.async)
+/// and loads its rows' L and D (plain loads: 2 Br floats): the rows from q0
+/// on of the query head bh whose row 0 is row head_row = bh Nq of
+/// [heads * Nq]. Rows past Nq get Q = dO = 0, L = +inf (P = 0) and D = 0.
 template <typename Elem, typename C>
-__device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t bh, int i,
+__device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t head_row, int q0,
                                     Elem* Qi, Elem* dOi, float* Ls, float* Ds) {
-  const int q0 = i * kBr;
-  const std::int64_t row0 = bh * p.Nq + q0;
+  const std::int64_t row0 = head_row + q0;
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, p.Nq - q0,
                                                               p.d, p.vec);
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, p.Nq - q0,
@@ -308,7 +322,7 @@ __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t 
 }
 
 template <typename Elem, typename C, bool kAtomicDQ>
-__device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh, int j,
+__device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv, int j,
                                   unsigned char* smem) {
   constexpr int kBc = C::kBc;
   Elem* Kj = reinterpret_cast<Elem*>(smem);  // [Bc][kHeadDim]
@@ -326,9 +340,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
   const int col0 = C::kDSplit == 1 ? 0 : warp / C::kKeyGroups * C::kWarpCols;  // its columns of dK_j, dV_j
   const int key0 = j * kBc;
   const int keys_valid = min(kBc, p.Nk - key0);
-  const int Tr = (p.Nq - 1) / kBr + 1;
-  Elem* dKh = p.dK + bh * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
-  Elem* dVh = p.dV + bh * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
+  Elem* dKh = p.dK + kv * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
+  Elem* dVh = p.dV + kv * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
 
   float dK[C::kColTiles][4], dV[C::kColTiles][4];
 #pragma unroll
@@ -337,43 +350,61 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
     for (int e = 0; e < 4; ++e) dK[nt][e] = dV[nt][e] = 0.0f;
   }
 
-  // The Q blocks above the first row that sees key0 are skipped. Keys no row
-  // sees (causal, Nq < Nk) get dK = dV = 0.
+  // The Q blocks above the first row that sees key0 are skipped, in every
+  // query head of the group alike. Keys no row sees (causal, Nq < Nk) get
+  // dK = dV = 0.
   const std::int64_t row_first = first_row(key0, p.Nq, p.Nk, p.causal);
   if (row_first >= p.Nq) {
     store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, 0.0f);
     store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 0.0f);
     return;
   }
-  const int i_first = static_cast<int>(row_first / kBr);
+  const int q_first = static_cast<int>(row_first / kBr * kBr);  // the first Q block's first row
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
 
   load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(              // line 6
-      Kj, p.K + (bh * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
+      Kj, p.K + (kv * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
   load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
-      Vj, p.V + (bh * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
-  load_q_block<Elem, C>(p, bh, i_first, Qbuf, dObuf, Lbuf, Dbuf);
+      Vj, p.V + (kv * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
+
+  // Line 8 over the (query head, Q block) pairs of the group: query head bh's
+  // Q blocks from q_first on, then the next head's, G = H / H_kv heads in
+  // all, as one loop, so that the pipeline runs on from one head into the
+  // next. The pair advances by an increment and a wrap, never derived from a
+  // step count by a division, and the loop keeps as many counters live as
+  // the ungrouped one did (at d = 128 the kernel sits at 255 registers, where
+  // one more spills): with G = 1 it is the ungrouped loop.
+  std::int64_t bh = kv * p.G;  // the pair's query head
+  int q0 = q_first;            // its Q block's first row
+  // Pairs left, this one included: an int (backward() refuses more).
+  int left = p.G * ((p.Nq - q_first - 1) / kBr + 1);
+  // The buffers alternate with the parity of `left`, the first pair's too.
+  const int first = left % 2;
+  load_q_block<Elem, C>(p, bh * p.Nq, q0, Qbuf + first * C::kQElems, dObuf + first * C::kQElems,
+                        Lbuf + first * kBr, Dbuf + first * kBr);
   sm80::cp_async_commit();
 
-  for (int i = i_first; i < Tr; ++i) {                                       // line 8
-    const int buf = (i - i_first) % 2;
+  for (; left > 0; --left) {
+    const int buf = left % 2;
     const Elem* Qi = Qbuf + buf * C::kQElems;
     const Elem* dOi = dObuf + buf * C::kQElems;
     const float* Ls = Lbuf + buf * kBr;
     const float* Ds = Dbuf + buf * kBr;
     sm80::cp_async_wait<0>();
-    // Block i arrived for every warp; every warp is done with block i - 1's
-    // buffers and with the dS tile.
+    // This pair's block arrived for every warp; every warp is done with the
+    // previous pair's buffers and with the dS tile.
     __syncthreads();
-    if (i + 1 < Tr) {  // line 9 for the next block, under this one's products
+    if (left > 1) {  // line 9 for the next pair, under this one's products
       const int next = 1 - buf;
-      load_q_block<Elem, C>(p, bh, i + 1, Qbuf + next * C::kQElems, dObuf + next * C::kQElems,
+      // The next pair: the next Q block, or after the head's last the next head's first.
+      const bool wrap = q0 >= p.Nq - kBr;
+      load_q_block<Elem, C>(p, (wrap ? bh + 1 : bh) * p.Nq, wrap ? q_first : q0 + kBr,
+                            Qbuf + next * C::kQElems, dObuf + next * C::kQElems,
                             Lbuf + next * kBr, Dbuf + next * kBr);
     }
     sm80::cp_async_commit();
 
-    const int q0 = i * kBr;
     const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
     const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
 
@@ -481,23 +512,30 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t bh
         }
       }
     }
+    if (q0 >= p.Nq - kBr) {  // the next pair, as prefetched above
+      q0 = q_first;
+      ++bh;
+    } else {
+      q0 += kBr;
+    }
   }
-  // Lines 18-19: dK_j = scale dS^T Q summed, dV_j as summed.
+  // Lines 18-19: dK_j = scale dS^T Q summed (over the group's heads too),
+  // dV_j as summed.
   store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, p.scale);
   store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 1.0f);
   sm80::cp_async_wait<0>();
   __syncthreads();  // the next head's copies may overwrite the tiles
 }
 
-/// One thread block per (K/V block, head); heads past grid y's limit by a
-/// grid-stride loop. K/V block 0 first: under a causal mask it sees the most
-/// Q blocks.
+/// One thread block per (K/V block, K/V head); K/V heads past grid y's limit
+/// by a grid-stride loop. K/V block 0 first: under a causal mask it sees the
+/// most Q blocks.
 template <typename Elem, typename C, bool kAtomicDQ>
 __global__ void __launch_bounds__(C::kThreads) dkdv_kernel(const BackwardParams<Elem> p) {
   extern __shared__ uint4 smem_chunks[];  // uint4: 16-byte alignment for cp.async
   auto* smem = reinterpret_cast<unsigned char*>(smem_chunks);
-  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y) {
-    dkdv_block<Elem, C, kAtomicDQ>(p, bh, static_cast<int>(blockIdx.x), smem);
+  for (std::int64_t kv = blockIdx.y; kv < p.kv_heads; kv += gridDim.y) {
+    dkdv_block<Elem, C, kAtomicDQ>(p, kv, static_cast<int>(blockIdx.x), smem);
   }
 }
 
@@ -518,8 +556,8 @@ __global__ void convert_dq_kernel(const BackwardParams<Elem> p) {
 }
 
 // ---------------------------------------------------------------------------
-// The deterministic variant's dQ: one block per (Q block i, head), warps split
-// Q as in the forward; every dQ element summed in one order, no atomics.
+// The deterministic variant's dQ: one block per (Q block i, query head), warps
+// split Q as in the forward; every dQ element summed in one order, no atomics.
 
 template <int kHeadDim_>
 struct DQConfig {
@@ -550,6 +588,7 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   const int q0 = i * kBr;
   const int rows_valid = min(kBr, p.Nq - q0);
   const std::int64_t row0 = bh * p.Nq + q0;
+  const std::int64_t kv = bh / p.G;  // the K/V head of bh's group
 
   // This lane's rows g and g + 8: their L and D, in registers for the loop.
   float Lr[2], Dr[2];
@@ -569,9 +608,9 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   auto load_kv = [&](int j, int buf) {
     const int key0 = j * kBc;
     load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
-        Kbuf + buf * C::kKVElems, p.K + (bh * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+        Kbuf + buf * C::kKVElems, p.K + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
     load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
-        Vbuf + buf * C::kKVElems, p.V + (bh * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+        Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
   };
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, rows_valid,
                                                               p.d, p.vec);

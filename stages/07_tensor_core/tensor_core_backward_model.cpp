@@ -5,6 +5,11 @@
 //
 // Per head, K/V block j holds C_j keys and is visited by the Q blocks from
 // i_first(j) on (0 unless causal): rows_j valid rows in n_j Q blocks.
+// Grouped heads (H_kv < H): what the (dK, dV) kernel does per K/V block
+// itself (Kj, Vj read and written to shared memory, dK_j, dV_j written) is
+// counted per K/V head, B H_kv times, since one thread block streams the Q
+// blocks of its group's H / H_kv query heads past one Kj, Vj; what it does
+// per visited Q block, and all the rest, per query head, B H times.
 // - Pre-pass: O and dO read, L read, D and L log2 e written, per row; the
 //   atomic variant zeroes dQ's accumulator first, padding included (4 bytes
 //   per element of [dq_accum_rows(Nq), bucket]).
@@ -62,13 +67,15 @@ Cost backward_model(const Problem& p) {
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
   const std::int64_t slices = bwd::kBr / bwd::kQSlice;
-  const std::int64_t dq_cols = std::min<std::int64_t>(bucket, ceil_div(d, bwd::kDQChunk) * bwd::kDQChunk);
-  Cost head;
+  const std::int64_t dq_cols =
+      std::min<std::int64_t>(bucket, ceil_div(d, bwd::kDQChunk) * bwd::kDQChunk);
+  Cost head;     // per query head
+  Cost kv_head;  // per K/V head
   for (std::int64_t j = 0; j < Tc; ++j) {
     const std::int64_t key0 = j * Bc;
     const std::int64_t C = std::min<std::int64_t>(Bc, p.Nk - key0);
     const std::int64_t first_row = p.causal ? std::max<std::int64_t>(0, key0 + p.Nq - p.Nk) : 0;
-    head.hbm_write_bytes += 2 * C * d * e;  // dK_j, dV_j: zeros when no row sees them
+    kv_head.hbm_write_bytes += 2 * C * d * e;  // dK_j, dV_j: zeros when no row sees them
     if (first_row >= p.Nq) {
       head.skipped_tiles += Tr;
       continue;
@@ -77,8 +84,10 @@ Cost backward_model(const Problem& p) {
     head.skipped_tiles += i_first;
     const std::int64_t blocks = Tr - i_first;
     const std::int64_t rows = p.Nq - i_first * bwd::kBr;
-    head.hbm_read_bytes += 2 * C * d * e + rows * (2 * d * e + 2 * kFloatBytes);
-    head.sram_write_bytes += 2 * C * d * e + rows * (2 * d * e + 2 * kFloatBytes);
+    kv_head.hbm_read_bytes += 2 * C * d * e;  // Kj, Vj
+    kv_head.sram_write_bytes += 2 * C * d * e;
+    head.hbm_read_bytes += rows * (2 * d * e + 2 * kFloatBytes);
+    head.sram_write_bytes += rows * (2 * d * e + 2 * kFloatBytes);
     head.sram_read_bytes += rows * (2 * warps + 2 * groups) * d * e +
                             blocks * slices * 2 * split * C * d * e + rows * groups * 2 * kFloatBytes;
     const std::int64_t products = kAtomicDQ ? 5 : 4;
@@ -115,9 +124,11 @@ Cost backward_model(const Problem& p) {
     head.hbm_write_bytes += p.Nq * d * e;
     head.nonmatmul_flops += p.Nq * d;
   }
+  const std::int64_t kv_heads = p.B * p.kv_heads();
   Cost c = head.times(p.heads());
+  c += kv_head.times(kv_heads);
   const std::int64_t heads_y = std::min(p.heads(), bwd::kMaxGridY);
-  c.thread_blocks = Tc * heads_y + (kAtomicDQ ? 0 : Tr * heads_y);
+  c.thread_blocks = Tc * std::min(kv_heads, bwd::kMaxGridY) + (kAtomicDQ ? 0 : Tr * heads_y);
   return c;
 }
 

@@ -122,6 +122,7 @@ Stage with_backward(std::string_view name, std::string_view title) {
                                          : tensor_core::deterministic_backward_workspace_bytes;
   s.backward_model = tensor_core::backward_model<kAtomicDQ>;
   s.backward_dtypes = {DType::kBf16, DType::kFp16};
+  s.grouped_backward = true;  // a group's query heads stream past one dK_j, dV_j block
   return s;
 }
 

@@ -292,10 +292,11 @@ void check_stage_dtype(const Stage& stage, DType t, bool backward) {
   }
 }
 
-// The stage runs p's heads (H_kv < H needs Stage::grouped_heads), or ESTAGE.
-void check_stage_heads(const Stage& stage, const Problem& p) {
+// The stage runs p's heads (H_kv < H needs Stage::grouped_heads, and with
+// `backward` Stage::grouped_backward), or ESTAGE.
+void check_stage_heads(const Stage& stage, const Problem& p, bool backward = false) {
   try {
-    flashstep::require_heads(stage, p);
+    flashstep::require_heads(stage, p, backward);
   } catch (const flashstep::Error& e) {
     fail(FLASHSTEP_ESTAGE, e.what());
   }
@@ -419,6 +420,7 @@ void backward(const char* stage_name, int dtype, Problem p, const void* Q, const
   p.dtype = dtype_of(dtype);
   check_stage_dtype(stage, p.dtype, true);
   check_problem(p);
+  check_stage_heads(stage, p, true);
   const DType E = p.dtype;
   const std::int64_t q_bytes = p.q_elems() * p.elem_bytes();
   const std::int64_t kv_bytes = p.kv_elems() * p.elem_bytes();
@@ -574,6 +576,24 @@ int flashstep_backward_typed(const char* stage, int dtype, int64_t B, int64_t H,
     backward(stage, dtype, make_problem(B, H, Nq, Nk, d, causal, scale), Q, K, V, O, L, dO, dQ,
              dK, dV, stream);
   });
+}
+
+int flashstep_backward_v2(const char* stage, int dtype, int64_t B, int64_t H, int64_t H_kv,
+                          int64_t Nq, int64_t Nk, int64_t d, int causal, double scale,
+                          const void* Q, const void* K, const void* V, const void* O,
+                          const float* L, const void* dO, void* dQ, void* dK, void* dV,
+                          void* stream) {
+  return guarded([&] {
+    Problem p = make_problem(B, H, Nq, Nk, d, causal, scale);
+    p.H_kv = H_kv;
+    backward(stage, dtype, p, Q, K, V, O, L, dO, dQ, dK, dV, stream);
+  });
+}
+
+int flashstep_stage_grouped_backward(const char* stage) {
+  int grouped = -1;
+  guarded([&] { grouped = find_stage(stage).grouped_backward ? 1 : 0; });
+  return grouped;
 }
 
 const char* flashstep_last_error(void) { return t_last_error.c_str(); }

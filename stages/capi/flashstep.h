@@ -245,6 +245,37 @@ FLASHSTEP_API int flashstep_backward_typed(const char* stage, int dtype, int64_t
                                            const void* dO, void* dQ, void* dK, void* dV,
                                            void* stream);
 
+/** Runs one stage's backward pass on a grouped-query problem, as
+ *  flashstep_backward_typed does with H_kv = H (which this entry point also
+ *  accepts, on every stage): dK and dV of K/V head h_kv are the sums over
+ *  the H / H_kv query heads that read it (h_kv (H / H_kv) .. + H / H_kv - 1
+ *  of the same batch).
+ *
+ *  \param H_kv    K/V heads, >= 1, H a multiple of it; H_kv < H needs a stage
+ *                 whose backward runs grouped heads
+ *                 (flashstep_stage_grouped_backward), FLASHSTEP_ESTAGE otherwise
+ *  \param K,V     [B,H_kv,Nk,d], contiguous, elements of `dtype`
+ *  \param dK,dV   [B,H_kv,Nk,d], written
+ *  \param stage,dtype,B,H,Nq,Nk,d,causal,scale,Q,O,L,dO,dQ,stream  as for
+ *                 flashstep_backward_typed; O and L from flashstep_forward_v2
+ *
+ *  Checks, in this order: the stage name and that it has a backward; the
+ *  dtype and that the backward runs in it; the problem (H_kv among its
+ *  sizes); that the backward runs grouped heads when H_kv < H; then
+ *  flashstep_backward_typed's pointer checks. */
+FLASHSTEP_API int flashstep_backward_v2(const char* stage, int dtype, int64_t B, int64_t H,
+                                        int64_t H_kv, int64_t Nq, int64_t Nk, int64_t d,
+                                        int causal, double scale, const void* Q, const void* K,
+                                        const void* V, const void* O, const float* L,
+                                        const void* dO, void* dQ, void* dK, void* dV,
+                                        void* stream);
+
+/** 1 when the stage's backward runs grouped-query problems (H_kv < H,
+ *  flashstep_backward_v2), 0 when it needs H_kv = H or the stage has no
+ *  backward, -1 (and a message for flashstep_last_error()) when no stage has
+ *  that name. */
+FLASHSTEP_API int flashstep_stage_grouped_backward(const char* stage);
+
 /** One line naming what the calling thread's last failed call got wrong, e.g.
  *  "d must be <= 256, got 300"; "" after a successful call. Valid until this
  *  thread's next flashstep call. */

@@ -170,20 +170,33 @@ Report info_report(const DeviceInfo& dev) {
   return r;
 }
 
-// The stages whose backward runs in their type, for --backward; an Error if
-// none does, naming the stages that have one (and, with --dtype, its types).
+// Whether --backward runs `s`'s backward on p in `t`: it has one in t and,
+// when p is grouped (H_kv < H), it runs grouped heads (Stage::grouped_backward).
+bool runs_backward(const Stage& s, DType t, const Problem& p) {
+  return s.backward_supports(t) && (!p.grouped() || s.grouped_backward);
+}
+
+// The stages whose backward runs p in their type, for --backward; an Error if
+// none does, naming the stages that have one (with --dtype, its types; on a
+// grouped problem, those whose backward runs grouped heads).
 std::vector<const Stage*> backward_stages(const std::vector<const Stage*>& stages,
-                                          const std::optional<DType>& dtype) {
+                                          const std::optional<DType>& dtype, const Problem& p) {
   std::vector<const Stage*> out;
   for (const Stage* s : stages) {
-    if (s->backward_supports(run_dtype(*s, dtype))) out.push_back(s);
+    if (runs_backward(*s, run_dtype(*s, dtype), p)) out.push_back(s);
   }
   if (out.empty()) {
     std::string have;
     for (const Stage& s : all_stages()) {
-      if (!s.backward) continue;
+      if (!s.backward || (p.grouped() && !s.grouped_backward)) continue;
       have += (have.empty() ? "" : ", ") + std::string(s.name);
       if (dtype) have += " (" + dtype_list(s.backward_dtypes) + ")";
+    }
+    if (have.empty()) have = "none";
+    if (p.grouped()) {
+      throw Error("--backward --H-kv " + std::to_string(p.kv_heads()) +
+                  " < H: no selected stage's backward runs grouped-query attention (these do: " +
+                  have + ")");
     }
     if (!dtype) {
       throw Error("--backward: no selected stage has a backward pass (these do: " + have + ")");
@@ -293,7 +306,7 @@ void check_save_dir(const Options& o, const std::vector<const Stage*>& stages) {
   for (const Stage* s : stages) {
     files.push_back(saved_file(dir, "O", s));
     if (s->writes_lse) files.push_back(saved_file(dir, "L", s));
-    if (o.backward && s->backward_supports(run_dtype(*s, o.dtype))) {
+    if (o.backward && runs_backward(*s, run_dtype(*s, o.dtype), o.problem)) {
       for (const char* grad : {"dQ", "dK", "dV"}) files.push_back(saved_file(dir, grad, s));
     }
   }
@@ -339,9 +352,10 @@ bool gradients_checkable(const Problem& p, std::int64_t heads) {
 // The truth the gradients are checked against (common/check.h,
 // BackwardTruth: the fp64 reference, and in 16 bits the naive backward in the
 // type and the rule's floors), for the inputs rounded to p.dtype: all heads
-// when affordable, else head 0 alone (heads are independent), else none. A
-// head-0-only truth has one head's elements; check_backward() then checks the
-// first head of each gradient. In 16 bits the naive backward reads O_read,
+// when affordable, else head 0 alone (heads are independent; on a grouped
+// problem, head 0's group), else none. A head-0-only truth has that head's (or
+// group's) elements; check_backward() then checks the first ones of each
+// gradient. In 16 bits the naive backward reads O_read,
 // the forward's O [B,H,Nq,d] that the stage's backward read (backward_truth
 // says why; head 0 alone: its first Nq x d elements, batch 0 and head 0 as
 // for the inputs), or its own O when O_read is null. Unused in fp32.
@@ -359,12 +373,16 @@ std::optional<BackwardTruth> reference_gradients(const Problem& p, const Inputs&
     err << "flashstep: fp64 reference gradients" << in_type << "...\n";
     return backward_truth(p, in, dO, O_read);
   }
-  if (gradients_checkable(p, 1)) {
-    err << "flashstep: fp64 reference gradients" << in_type << " of head 0 only (all "
-        << p.heads() << " heads pass the reference's budget)...\n";
+  if (gradients_checkable(p, p.group())) {
+    err << "flashstep: fp64 reference gradients" << in_type
+        << (p.grouped() ? " of head 0's group only (all " : " of head 0 only (all ") << p.heads()
+        << " heads pass the reference's budget)...\n";
+    // K/V head 0's dK and dV sum over its group's query heads: the first
+    // group's H / H_kv query heads, then, are the smallest problem to check.
     Problem one = p;
-    one.B = one.H = 1;
-    one.H_kv.reset();
+    one.B = 1;
+    one.H = p.group();
+    one.H_kv = 1;
     std::vector<float> O_head0;
     if (O_read != nullptr) O_head0.assign(O_read->begin(), O_read->begin() + one.q_elems());
     return backward_truth(one, in, dO, O_read != nullptr ? &O_head0 : nullptr);
@@ -431,7 +449,7 @@ void check_fits(const Problem& p, const std::vector<const Stage*>& stages, const
   for (const Stage* s : stages) {
     Problem ps = p;
     ps.dtype = run_dtype(*s, o.dtype);
-    const bool backward = o.backward && s->backward_supports(ps.dtype);
+    const bool backward = o.backward && runs_backward(*s, ps.dtype, p);
     least = std::min(least, device_bytes_needed(*s, ps, backward));
   }
   if (least > device) {
@@ -682,14 +700,11 @@ Options parse_args(const std::vector<std::string>& args) {
   // An unknown stage, a --dtype no selected stage runs in, and --backward with
   // no backward to run are usage errors, found before any work.
   const auto stages = headed_stages(typed_stages(selected_stages(o.stages), o.dtype), o.problem);
-  if (o.backward && o.problem.grouped()) {
-    throw Error("--backward: no backward runs grouped-query attention (H_kv < H) yet");
-  }
   if (!o.save_dir.empty() && o.mode != Mode::kRun) {
     throw Error("--save keeps a run's inputs and outputs; model and info run nothing to save");
   }
   if (o.overwrite && o.save_dir.empty()) throw Error("--overwrite goes with --save DIR");
-  if (o.backward) backward_stages(stages, o.dtype);
+  if (o.backward) backward_stages(stages, o.dtype, o.problem);
   return o;
 }
 
@@ -706,9 +721,8 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kExitOk;
     }
     if (!o.load_dir.empty()) in = load_inputs(o.load_dir, o.problem, o.given);
-    if (o.backward && o.problem.grouped()) {
-      throw Error("--backward: no backward runs grouped-query attention (H_kv < H) yet");
-    }
+    // Again: --load may have made the problem grouped.
+    if (o.backward) backward_stages(selected_stages(o.stages), o.dtype, o.problem);
     if (!o.save_dir.empty()) {
       check_save_dir(o, typed_stages(selected_stages(o.stages), o.dtype));
     }
@@ -762,7 +776,7 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       err << "flashstep: no usable CUDA device (" << why
           << "); printing the modelled traffic only, no timings\n";
     }
-    print(model_report(p, o.backward ? backward_stages(stages, o.dtype) : stages, o.backward,
+    print(model_report(p, o.backward ? backward_stages(stages, o.dtype, p) : stages, o.backward,
                        o.dtype),
           o.format, out);
     return kExitOk;
@@ -841,7 +855,7 @@ int execute(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     StageResult res;
     Problem ps = p;
     ps.dtype = run_dtype(s, o.dtype);
-    const bool backward = o.backward && s.backward_supports(ps.dtype);
+    const bool backward = o.backward && runs_backward(s, ps.dtype, p);
     if (std::string unavailable; !stage_available(s, &unavailable)) {
       // Not this GPU's stage (an sm_90a one elsewhere): one line, not a failure.
       err << "flashstep: " << unavailable << "\n";

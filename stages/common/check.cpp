@@ -1,5 +1,6 @@
 #include "check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -175,7 +176,9 @@ double gamma_fp32(std::int64_t n) {
 double unit_roundoff(DType t) { return t == DType::kFp16 ? 0x1p-11 : 0x1p-8; }
 
 // check.h's cancellation floors of dQ and dK (without the fp32 absolute part),
-// in fp64, from the rounded inputs and the naive O.
+// in fp64, from the rounded inputs and the naive O. Grouped heads: query head
+// bh reads K/V head p.kv_head(bh), and dK's bound sums over the group's query
+// heads (consecutive: head bh is member bh % G), as dK does.
 std::pair<double, double> cancellation_floors(const Problem& p, const Inputs& r,
                                               const std::vector<float>& dO,
                                               const std::vector<double>& O) {
@@ -183,13 +186,14 @@ std::pair<double, double> cancellation_floors(const Problem& p, const Inputs& r,
   const double gamma = gamma_fp32(p.d + 2) * (1.0 + unit_roundoff(p.dtype));
   const auto d = static_cast<size_t>(p.d);
   double floor_dQ = 0.0, floor_dK = 0.0;
+  std::vector<double> dK_bound(static_cast<size_t>(p.Nk) * d, 0.0);  // of bh's K/V head
   for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
     const float* Qh = r.Q.data() + bh * p.Nq * p.d;
-    const float* Kh = r.K.data() + bh * p.Nk * p.d;
-    const float* Vh = r.V.data() + bh * p.Nk * p.d;
+    const float* Kh = r.K.data() + p.kv_head(bh) * p.Nk * p.d;
+    const float* Vh = r.V.data() + p.kv_head(bh) * p.Nk * p.d;
     const float* dOh = dO.data() + bh * p.Nq * p.d;
     const double* Oh = O.data() + bh * p.Nq * p.d;
-    std::vector<double> dK_bound(static_cast<size_t>(p.Nk) * d, 0.0);
+    if (bh % p.group() == 0) std::fill(dK_bound.begin(), dK_bound.end(), 0.0);
     for (std::int64_t i = 0; i < p.Nq; ++i) {
       const std::int64_t visible = p.visible_keys(i);
       if (visible == 0) continue;
@@ -217,7 +221,9 @@ std::pair<double, double> cancellation_floors(const Problem& p, const Inputs& r,
       }
       for (double x : dQ_bound) floor_dQ = std::max(floor_dQ, scale * x);
     }
-    for (double x : dK_bound) floor_dK = std::max(floor_dK, scale * x);
+    if (bh % p.group() == p.group() - 1) {  // the group's last query head
+      for (double x : dK_bound) floor_dK = std::max(floor_dK, scale * x);
+    }
   }
   return {floor_dQ, floor_dK};
 }

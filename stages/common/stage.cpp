@@ -33,11 +33,11 @@ void require_dtype(const Stage& stage, DType t, bool backward) {
 }
 
 void require_heads(const Stage& stage, const Problem& p, bool backward) {
-  if (!p.grouped() || (!backward && stage.grouped_heads)) return;
+  if (!p.grouped() || (backward ? stage.grouped_backward : stage.grouped_heads)) return;
   throw Error("stage " + std::string(stage.name) + (backward ? "'s backward" : "") +
               " does not run grouped-query attention (H_kv = " + std::to_string(p.kv_heads()) +
               " < H = " + std::to_string(p.H) + "); " +
-              (backward ? "no backward does yet" : "stages that do: see flashstep --list"));
+              (backward ? "it needs H_kv = H" : "stages that do: see flashstep --list"));
 }
 
 }  // namespace flashstep

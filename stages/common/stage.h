@@ -57,14 +57,14 @@ struct HostTensors {
 /// ForwardTensors), L is fp32. The loss is sum(O o dO), so dO is its gradient in O.
 struct BackwardTensors {
   const void* Q = nullptr;    ///< [B, H, Nq, d], p.dtype
-  const void* K = nullptr;    ///< [B, H, Nk, d], p.dtype
-  const void* V = nullptr;    ///< [B, H, Nk, d], p.dtype
+  const void* K = nullptr;    ///< [B, H_kv, Nk, d], p.dtype
+  const void* V = nullptr;    ///< [B, H_kv, Nk, d], p.dtype
   const void* O = nullptr;    ///< [B, H, Nq, d], p.dtype, the forward's output
   const float* L = nullptr;   ///< [B, H, Nq], the forward's logsumexp
   const void* dO = nullptr;   ///< [B, H, Nq, d], p.dtype, dLoss/dO
   void* dQ = nullptr;         ///< [B, H, Nq, d], p.dtype, written
-  void* dK = nullptr;         ///< [B, H, Nk, d], p.dtype, written
-  void* dV = nullptr;         ///< [B, H, Nk, d], p.dtype, written
+  void* dK = nullptr;         ///< [B, H_kv, Nk, d], p.dtype, written: summed over a group
+  void* dV = nullptr;         ///< [B, H_kv, Nk, d], p.dtype, written: summed over a group
   /// The forward's workspace as the forward left it: what a stage saves for its
   /// backward, as autograd saves tensors (stage 02: P). Read only.
   const void* saved = nullptr;
@@ -128,8 +128,12 @@ struct Stage {
   /// compiler too old for sm_90a; the stage is then registered but unavailable).
   bool arch_built = true;
   /// Whether the forward runs grouped-query problems (H_kv < H): query head
-  /// h reads K/V head h / (H / H_kv). No backward runs them yet.
+  /// h reads K/V head h / (H / H_kv).
   bool grouped_heads = false;
+  /// Whether the backward runs them too: dK and dV of a K/V head summed over
+  /// the H / H_kv query heads of its group. Only with grouped_heads (the
+  /// backward needs the forward's O and L).
+  bool grouped_backward = false;
 
   /// Whether the forward runs in `t`.
   bool supports(DType t) const;
@@ -143,9 +147,10 @@ struct Stage {
 void require_dtype(const Stage& stage, DType t, bool backward = false);
 
 /// Throws flashstep::Error, in one line, when p has fewer K/V heads than
-/// query heads (p.grouped()) and `stage`'s forward (or, with `backward`, its
-/// backward) does not run grouped-query problems. The runners call it beside
-/// require_dtype, so no stage checks it itself.
+/// query heads (p.grouped()) and `stage`'s forward (Stage::grouped_heads) or,
+/// with `backward`, its backward (Stage::grouped_backward) does not run
+/// grouped-query problems. The runners call it beside require_dtype, so no
+/// stage checks it itself.
 void require_heads(const Stage& stage, const Problem& p, bool backward = false);
 
 /// "fp32", "fp16, bf16": a list of types for messages.
