@@ -688,68 +688,115 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
   }
 }
 
-// One warp per row of O: L = logsumexp of the partials' L_s, then
+// merge_warps(splits) warps per row of O (a block holds kMergeWarps /
+// merge_warps rows): L = logsumexp of the partials' L_s, then
 // O = sum_s exp(L_s - L) O_s, rounded to Elem once.
 //
-// The splits are the loop, and each lane keeps its columns c = lane + 32 k
-// of O in registers: a split's O_s row is then one coalesced read, the reads
-// of several splits are independent (the loop is unrolled so that they are
-// in flight together), and the weight exp(L_s - L) is computed once per
-// split. With the columns outermost, every lane walked the splits once per
-// column, one dependent load after another: with 32 rows (MQA, one
-// sequence) and 128 splits the merge took most of the decode.
-// partial_weight(-inf, L) = 0 also when L = -inf (no split saw a key).
+// Every warp of a row finds L over all the splits (lane l merges splits l,
+// l + 32, ..., read in one batch, then a butterfly). Warp w of the row then
+// sums its run of the splits (merge_run), and its lanes keep their columns
+// c = lane + 32 k of O in registers: a split's O_s row is one coalesced
+// read, merge_splits splits' reads are in flight together, and the weight
+// exp(L_s - L) is computed once per split. The row's first warp adds the
+// other warps' sums (through shared memory, in warp order) and writes O and
+// L. With one warp a row walking every split, MQA on one sequence (32 rows,
+// 128 splits) had 32 warps on the whole GPU, each waiting on 8 rounds of
+// reads one after another; the L loop, one load per iteration, waited on 4
+// more. partial_weight(-inf, L) = 0 also when L = -inf (no split saw a key).
+//
+// At least two blocks an SM (at most 128 registers a thread; 143 without the
+// bound): with many rows, one warp each, 16 warps an SM have rows of O_s in
+// flight rather than 8.
 template <int kD, typename Elem>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem> p) {
+__global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<Elem> p) {
   static_assert(kMergeLanes == kWarpSize, "the plan's merge lanes are a warp");
   constexpr int kCols = kD / kWarpSize;  // columns of O per lane
   constexpr int kSplits = merge_splits(kD);  // splits whose O_s rows are read together
+  constexpr int kLBatch = static_cast<int>(kMaxSplits / kWarpSize);  // L_s a lane reads at once: every split's in one batch
+  __shared__ float O_warp[kMergeWarps][kD];  // each warp's sum over its run, for the row's first warp
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
+  const int row_warps = merge_warps(p.splits, kD);
+  const int rows_per_block = kMergeWarps / row_warps;
+  const int run_warp = warp % row_warps;  // which run of the splits this warp sums
+  const std::int64_t run = merge_run(p.splits, row_warps);
+  const std::int64_t s_lo = run_warp * run;
+  const std::int64_t s_hi = min(s_lo + run, p.splits);
   const std::int64_t rows = p.heads * p.Nq;
-  for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kMergeRows) + warp; row < rows;
-       row += static_cast<std::int64_t>(gridDim.x) * kMergeRows) {
-    const float* Ls = p.L_part + row;  // [splits], stride rows
-    // L: each lane merges every 32nd split, then the lanes merge theirs in a
-    // butterfly (the merge is associative: partial_merge.h), so no lane waits
-    // on one L_s load after another.
-    float L = -INFINITY;
-    for (std::int64_t s = lane; s < p.splits; s += kWarpSize) L = lse_merge(L, Ls[s * rows]);
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      L = lse_merge(L, __shfl_xor_sync(kFullWarpMask, L, offset));
-    }
+  // Every thread of the block takes the same trips (row0 is per block), so
+  // the barriers below are met by all; warps past the last row only meet them.
+  for (std::int64_t row0 = blockIdx.x * static_cast<std::int64_t>(rows_per_block); row0 < rows;
+       row0 += static_cast<std::int64_t>(gridDim.x) * rows_per_block) {
+    const std::int64_t row = row0 + warp / row_warps;
+    const bool valid = row < rows;
     float o[kCols];
 #pragma unroll
     for (int k = 0; k < kCols; ++k) o[k] = 0.0f;
-    // kSplits splits at a time: all their reads first, then the sums (in
-    // split order, as before), so that the reads are in flight together.
-    for (std::int64_t s0 = 0; s0 < p.splits; s0 += kSplits) {
-      float Lu[kSplits], Ou[kSplits][kCols];
+    float L = -INFINITY;
+    if (valid) {
+      const float* Ls = p.L_part + row;  // [splits], stride rows
+      // L: each lane merges every 32nd split, read in batches of kLBatch
+      // (lse_merge with -inf past the last split changes nothing), then the
+      // lanes merge theirs in a butterfly (associative: partial_merge.h).
+      for (std::int64_t s0 = lane; s0 < p.splits; s0 += kWarpSize * kLBatch) {
+        float Lb[kLBatch];
 #pragma unroll
-      for (int u = 0; u < kSplits; ++u) {
-        const std::int64_t s = s0 + u;
-        const float* Os = p.O_part + (s * rows + row) * p.d;  // [d]: split s's O_s of this row
-        Lu[u] = s < p.splits ? Ls[s * rows] : -INFINITY;    // weight 0 past the last split
+        for (int u = 0; u < kLBatch; ++u) {
+          const std::int64_t s = s0 + u * kWarpSize;
+          Lb[u] = s < p.splits ? Ls[s * rows] : -INFINITY;
+        }
 #pragma unroll
-        for (int k = 0; k < kCols; ++k) {
-          const int c = lane + k * kWarpSize;
-          Ou[u][k] = s < p.splits && c < p.d ? Os[c] : 0.0f;
+        for (int u = 0; u < kLBatch; ++u) L = lse_merge(L, Lb[u]);
+      }
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        L = lse_merge(L, __shfl_xor_sync(kFullWarpMask, L, offset));
+      }
+      // The warp's run, kSplits splits at a time: all their reads first, then
+      // the sums (in split order), so that the reads are in flight together.
+      for (std::int64_t s0 = s_lo; s0 < s_hi; s0 += kSplits) {
+        float Lu[kSplits], Ou[kSplits][kCols];
+#pragma unroll
+        for (int u = 0; u < kSplits; ++u) {
+          const std::int64_t s = s0 + u;
+          const float* Os = p.O_part + (s * rows + row) * p.d;  // [d]: split s's O_s of this row
+          Lu[u] = s < s_hi ? Ls[s * rows] : -INFINITY;  // weight 0 past the run
+#pragma unroll
+          for (int k = 0; k < kCols; ++k) {
+            const int c = lane + k * kWarpSize;
+            Ou[u][k] = s < s_hi && c < p.d ? Os[c] : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kSplits; ++u) {
+          const float w = partial_weight(Lu[u], L);
+#pragma unroll
+          for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
         }
       }
+    }
+    if (row_warps > 1) {  // block-uniform
+      if (valid && run_warp > 0) {
 #pragma unroll
-      for (int u = 0; u < kSplits; ++u) {
-        const float w = partial_weight(Lu[u], L);
-#pragma unroll
-        for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
+        for (int k = 0; k < kCols; ++k) O_warp[warp][lane + k * kWarpSize] = o[k];
       }
-    }
+      __syncthreads();
+      if (valid && run_warp == 0) {
+        for (int v = 1; v < row_warps; ++v) {
 #pragma unroll
-    for (int k = 0; k < kCols; ++k) {
-      const int c = lane + k * kWarpSize;
-      if (c < p.d) p.O[row * p.d + c] = from_float<Elem>(o[k]);
+          for (int k = 0; k < kCols; ++k) o[k] += O_warp[warp + v][lane + k * kWarpSize];
+        }
+      }
+      __syncthreads();  // O_warp is free for the next rows
     }
-    if (lane == 0) p.L[row] = L;
+    if (valid && run_warp == 0) {
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) {
+        const int c = lane + k * kWarpSize;
+        if (c < p.d) p.O[row * p.d + c] = from_float<Elem>(o[k]);
+      }
+      if (lane == 0) p.L[row] = L;
+    }
   }
 }
 
@@ -779,7 +826,8 @@ void launch_split_mma(const Params<Elem>& prm, Stream stream) {
 
 template <int kD, typename Elem>
 void launch_merge(const Params<Elem>& prm, Stream stream) {
-  const std::int64_t blocks = (prm.heads * prm.Nq - 1) / kMergeRows + 1;
+  const std::int64_t rows_per_block = kMergeWarps / merge_warps(prm.splits, kD);
+  const std::int64_t blocks = (prm.heads * prm.Nq - 1) / rows_per_block + 1;
   merge_kernel<kD, Elem><<<static_cast<unsigned>(std::min(blocks, kMaxGridX)), kMergeThreads, 0,
                            stream>>>(prm);
   check_launch("stage 09 merge_kernel");
