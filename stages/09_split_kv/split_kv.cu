@@ -14,7 +14,8 @@
 //                  head g, query i; r = g Nq + i) against keys
 //                  [s kps, (s + 1) kps), Algorithm 1's loop over K/V tiles of
 //                  32 keys; writes O_s = O~ / l and L_s = m + log l per row
-//   merge kernel   one warp per row: L = logsumexp over s of L_s, then
+//   merge kernel   1 to 8 warps per row (merge_warps), each over its run of
+//                  the splits: L = logsumexp over s of L_s, then
 //                  O = sum over s of exp(L_s - L) O_s (common/partial_merge.h)
 //
 // Grouped-query heads: the G = H / H_kv query heads that share K/V head kvh
