@@ -80,13 +80,19 @@ TEST_CASE("stage 09's split rule by hand") {
   p.dtype = flashstep::DType::kBf16;
   CHECK(sk::make_plan(p, 132).splits == 2);
   // One wave holds the cap: one K/V head (MQA on one sequence) of 32k keys
-  // takes 128 splits of 256 keys (kMinKeysPerSplit), of 64k keys 256
-  // (kMaxSplits): 256 blocks in one wave of 264 slots.
+  // takes 128 splits of 256 keys (kMinKeysPerSplit, kShortSplitCap); of
+  // 64k keys 128 of 512 (more would have fewer than kMinKeysPastShortCap
+  // keys); of 192k keys 192 of 1,024; of 256k keys 256 (kMaxSplits): 256
+  // blocks in one wave of 264 slots.
   p.B = 1;
   p.H_kv = 1;
   p.d = 128;
   CHECK(sk::make_plan(p, 132).splits == 128);
   p.Nk = 65536;
+  CHECK(sk::make_plan(p, 132).splits == 128);
+  p.Nk = 196608;
+  CHECK(sk::make_plan(p, 132).splits == 192);
+  p.Nk = 262144;
   CHECK(sk::make_plan(p, 132).splits == sk::kMaxSplits);
   p.Nk = 32768;
   // Few keys: at least kMinKeysPerSplit (256) a split.
@@ -135,7 +141,7 @@ TEST_CASE("stage 09's merge spreads a row's splits over up to 8 warps") {
   // 32 rows, one row a block; 31 splits: 2 warps of 16, 4 rows a block.
   CHECK(sk::merge_run(256, 8) == 32);
   CHECK(sk::merge_run(31, 2) == 16);
-  Problem p = flashstep::test::make_problem(1, 32, 1, 65536, 128, false);
+  Problem p = flashstep::test::make_problem(1, 32, 1, 262144, 128, false);
   p.H_kv = 1;
   p.dtype = flashstep::DType::kBf16;
   const sk::Plan plan = sk::make_plan(p, 132);

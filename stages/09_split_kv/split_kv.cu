@@ -736,9 +736,11 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
     float L = -INFINITY;
     if (valid) {
       const float* Ls = p.L_part + row;  // [splits], stride rows
-      // L: each lane merges every 32nd split, read in batches of kLBatch
-      // (lse_merge with -inf past the last split changes nothing), then the
-      // lanes merge theirs in a butterfly (associative: partial_merge.h).
+      // L: each lane merges every 32nd split, read in batches of kLBatch,
+      // then the lanes merge theirs in a butterfly (associative:
+      // partial_merge.h). A lane merges only the splits there are: with a
+      // few splits, merging -inf for the rest (no change to L, but an exp
+      // and a log1p each) cost the merge a chain of idle lse_merges.
       for (std::int64_t s0 = lane; s0 < p.splits; s0 += kWarpSize * kLBatch) {
         float Lb[kLBatch];
 #pragma unroll
@@ -747,7 +749,9 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
           Lb[u] = s < p.splits ? Ls[s * rows] : -INFINITY;
         }
 #pragma unroll
-        for (int u = 0; u < kLBatch; ++u) L = lse_merge(L, Lb[u]);
+        for (int u = 0; u < kLBatch; ++u) {
+          if (s0 + u * kWarpSize < p.splits) L = lse_merge(L, Lb[u]);
+        }
       }
 #pragma unroll
       for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {

@@ -149,14 +149,25 @@ inline constexpr double kWaveFill = 0.95;
 /// K and V a split reads (2 d elements per key): at 256 keys they are under
 /// 1 % of it when the group has one row.
 inline constexpr std::int64_t kMinKeysPerSplit = 256;
+/// Splits of kMinKeysPerSplit keys go up to this many: 128, about one block
+/// an SM on 132 SMs for a lone (batch, K/V head) (MQA on one sequence).
+inline constexpr std::int64_t kShortSplitCap = 128;
+/// Past kShortSplitCap splits, at least this many keys a split. Two blocks
+/// an SM read faster than one (one block's tile loop, a chain of barrier,
+/// fragments, mma and exponentials per K/V tile, falls short of the SM's
+/// share of the bandwidth), but each split past one an SM adds its fixed
+/// costs (the pipeline's fill, the block's slice merge, its partials written
+/// and merged). In the A/B of the merge change (issue 15), MQA on one
+/// sequence gained from 256 splits at 512k keys (2,048 a split) and lost at
+/// 64k (256 a split) against what 128 splits gained from the merge alone at
+/// 32k. 1,024 keys a split: more than 128 splits past 128k keys, 256 from
+/// 256k.
+inline constexpr std::int64_t kMinKeysPastShortCap = 1024;
 /// At most this many splits: the merge reads every split's partial per row.
-/// 256 lets a single (batch, K/V head) (MQA on one sequence) fill one wave of
-/// two resident blocks on 132 SMs (264 slots) once it has 64k keys: at 128
-/// splits it had one block an SM, and one block's tile loop (a chain of
-/// barrier, fragments, mma and exponentials per 16 KiB tile) read only about
-/// three quarters of the SM's share of the bandwidth. The merge spreads a
-/// row's splits over merge_warps warps, so twice the splits cost it no more
-/// rounds of reads.
+/// 256 lets a lone (batch, K/V head) fill one wave of two resident blocks on
+/// 132 SMs (264 slots). The merge spreads a row's splits over merge_warps
+/// warps, so twice the splits cost it one more round of reads, not twice
+/// the rounds.
 inline constexpr std::int64_t kMaxSplits = 256;
 /// The SM count the model and the CPU mirror plan for (H100 SXM and H200
 /// both have 132); the GPU plans for its own.
@@ -184,16 +195,21 @@ inline std::int64_t keys_per_split(std::int64_t Nk, std::int64_t splits) {
   return ((Nk - 1) / (splits * kBc) + 1) * kBc;
 }
 
-/// Splits allowed for p: min(ceil(Nk / kMinKeysPerSplit), kMaxSplits).
+/// Splits allowed for p: min(ceil(Nk / kMinKeysPerSplit), kShortSplitCap),
+/// or ceil(Nk / kMinKeysPastShortCap) where that is more, at most kMaxSplits.
 inline std::int64_t split_cap(const Problem& p) {
-  return std::min((p.Nk - 1) / kMinKeysPerSplit + 1, kMaxSplits);
+  const std::int64_t short_splits = std::min((p.Nk - 1) / kMinKeysPerSplit + 1, kShortSplitCap);
+  const std::int64_t long_splits = (p.Nk - 1) / kMinKeysPastShortCap + 1;
+  return std::min(std::max(short_splits, long_splits), kMaxSplits);
 }
 
 /// The split count: whole waves of blocks, as few splits as that allows.
 ///
 ///   blocks without splitting  n0 = B * H_kv * row_tiles
 ///   resident slots            R = SMs * resident_blocks(type, d bucket)
-///   cap                       min(ceil(Nk / kMinKeysPerSplit), kMaxSplits)
+///   cap                       min(ceil(Nk / kMinKeysPerSplit), kShortSplitCap),
+///                             or ceil(Nk / kMinKeysPastShortCap) if more,
+///                             at most kMaxSplits (split_cap)
 ///   n0 >= kFullGrid R         1 split (the GPU is full already)
 ///   n0 cap <= R               cap splits (one wave holds them all)
 ///   otherwise                 for S = 1 .. cap, dealt out as S' splits:
