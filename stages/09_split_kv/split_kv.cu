@@ -116,6 +116,26 @@ constexpr int kRowsPerWarp = kRows / kWarps;
 // per SM. At d = 256 the 32 accumulators a thread holds need more: one block.
 constexpr int min_blocks_per_sm(int kD) { return kD <= 128 ? 2 : 1; }
 
+// Programmatic dependent launch (sm_90): the merge kernel, launched with
+// the attribute that allows it (launch_merge), may start once every block of
+// the split kernel has called let_merge_launch, which each does as it starts;
+// its blocks are then placed and waiting while the last splits finish,
+// instead of being launched after them. The merge calls
+// wait_for_split_kernel before it reads a partial: that waits until the
+// split kernel has ended and its writes are visible. Below sm_90, or
+// launched without the attribute, both are no-ops.
+__device__ __forceinline__ void let_merge_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_split_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 into the
 // buffers Ks [kBc][kKStride] and Vs [kBc][kD]: 16-byte cp.async chunks with
 // p.vec, else element by element through registers. Keys past k_hi and columns past d are zero: a zero V row
@@ -164,6 +184,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   const std::int64_t units = p.row_tiles * p.splits;
+  let_merge_launch();
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
     const std::int64_t b = kvh / p.H_kv;
@@ -416,6 +437,7 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
   const sm80::LaneOffsets<kD> q_at(sm80::a_point(lane)), k_at(sm80::k_point(lane)),
       v_at(sm80::v_point(lane));
   const std::int64_t units = p.row_tiles * p.splits;
+  let_merge_launch();
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
     const std::int64_t b = kvh / p.H_kv;
@@ -724,6 +746,7 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
   const std::int64_t s_lo = run_warp * run;
   const std::int64_t s_hi = min(s_lo + run, p.splits);
   const std::int64_t rows = p.heads * p.Nq;
+  wait_for_split_kernel();
   // Every thread of the block takes the same trips (row0 is per block), so
   // the barriers below are met by all; warps past the last row only meet them.
   for (std::int64_t row0 = blockIdx.x * static_cast<std::int64_t>(rows_per_block); row0 < rows;
@@ -829,13 +852,32 @@ void launch_split_mma(const Params<Elem>& prm, Stream stream) {
                    stream, "stage 09 split_mma_kernel", prm);
 }
 
+// Whether the current device launches dependent grids early (sm_90 on).
+bool device_has_dependent_launch() {
+  int device = 0, major = 0;
+  cuda_check(cudaGetDevice(&device), "stage 09: cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+             "stage 09: compute capability");
+  return major >= 9;
+}
+
+// The merge kernel, on sm_90 with programmatic stream serialization: it may
+// start while the split kernel's last blocks run (let_merge_launch,
+// wait_for_split_kernel), so that its launch does not wait for their end.
 template <int kD, typename Elem>
 void launch_merge(const Params<Elem>& prm, Stream stream) {
   const std::int64_t rows_per_block = kMergeWarps / merge_warps(prm.splits, kD);
   const std::int64_t blocks = (prm.heads * prm.Nq - 1) / rows_per_block + 1;
-  merge_kernel<kD, Elem><<<static_cast<unsigned>(std::min(blocks, kMaxGridX)), kMergeThreads, 0,
-                           stream>>>(prm);
-  check_launch("stage 09 merge_kernel");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(std::min(blocks, kMaxGridX)));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  cudaLaunchAttribute early[1] = {};
+  early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = early;
+  config.numAttrs = device_has_dependent_launch() ? 1 : 0;
+  cuda_check(cudaLaunchKernelEx(&config, merge_kernel<kD, Elem>, prm), "stage 09 merge_kernel");
 }
 
 // fp32 on the CUDA cores (split_kernel), bf16 and fp16 on the tensor cores
