@@ -79,11 +79,22 @@ TEST_CASE("stage 09's split rule by hand") {
   CHECK(sk::make_plan(p, 132).splits == 1);
   p.dtype = flashstep::DType::kBf16;
   CHECK(sk::make_plan(p, 132).splits == 2);
-  // One wave holds the cap: one K/V head takes 128 splits.
+  // One wave holds the cap: one K/V head (MQA on one sequence) of 32k keys
+  // takes 128 splits of 256 keys (kMinKeysPerSplit, kShortSplitCap); of
+  // 64k keys 128 of 512 (more would have fewer than kMinKeysPastShortCap
+  // keys); of 192k keys 192 of 1,024; of 256k keys 256 (kMaxSplits): 256
+  // blocks in one wave of 264 slots.
   p.B = 1;
   p.H_kv = 1;
   p.d = 128;
+  CHECK(sk::make_plan(p, 132).splits == 128);
+  p.Nk = 65536;
+  CHECK(sk::make_plan(p, 132).splits == 128);
+  p.Nk = 196608;
+  CHECK(sk::make_plan(p, 132).splits == 192);
+  p.Nk = 262144;
   CHECK(sk::make_plan(p, 132).splits == sk::kMaxSplits);
+  p.Nk = 32768;
   // Few keys: at least kMinKeysPerSplit (256) a split.
   p.H_kv = 8;
   p.Nk = 1000;
@@ -111,6 +122,32 @@ TEST_CASE("stage 09's split rule by hand") {
       CHECK(most * (p.q_elems() + p.lse_elems()) * 4 <= sk::workspace_bytes(p));
     }
   }
+}
+
+TEST_CASE("stage 09's merge spreads a row's splits over up to 8 warps") {
+  // One warp a row while its splits fit one round of reads (merge_splits:
+  // 16 up to d = 128, 8 at d = 256), then twice the warps each time they
+  // do not, up to kMergeWarps; each warp's run of splits is then one round.
+  CHECK(sk::merge_warps(1, 128) == 1);
+  CHECK(sk::merge_warps(16, 128) == 1);
+  CHECK(sk::merge_warps(17, 128) == 2);
+  CHECK(sk::merge_warps(31, 128) == 2);
+  CHECK(sk::merge_warps(33, 128) == 4);
+  CHECK(sk::merge_warps(128, 128) == 8);
+  CHECK(sk::merge_warps(sk::kMaxSplits, 128) == sk::kMergeWarps);
+  CHECK(sk::merge_warps(16, 256) == 2);
+  CHECK(sk::merge_warps(sk::kMaxSplits, 64) == sk::kMergeWarps);
+  // MQA on one sequence, 256 splits: 8 warps of 32 splits for each of the
+  // 32 rows, one row a block; 31 splits: 2 warps of 16, 4 rows a block.
+  CHECK(sk::merge_run(256, 8) == 32);
+  CHECK(sk::merge_run(31, 2) == 16);
+  Problem p = flashstep::test::make_problem(1, 32, 1, 262144, 128, false);
+  p.H_kv = 1;
+  p.dtype = flashstep::DType::kBf16;
+  const sk::Plan plan = sk::make_plan(p, 132);
+  CHECK(plan.splits == 256);
+  CHECK(sk::merge_blocks(p, plan) == 32);
+  CHECK(sk::thread_blocks(p, plan) == 256 + 32);
 }
 
 TEST_CASE("stage 09's split rule fills its waves") {
@@ -160,13 +197,14 @@ TEST_CASE("stage 09's group rows map back to their query heads") {
 
 TEST_CASE("stage 09: splits and their merge match fp64 on ragged decoding shapes, causal and not") {
   // Nq in {1, 3, 16}, Nk from 1 up past a few splits, grouped and not; the SM
-  // counts give 1 split, a few, and many (sm_count 1024: up to Nk / 256).
+  // counts give 1 split, a few, and many (sm_count 1024: up to Nk / 256; 36
+  // at 9,000 keys, merged by 4 warps a row).
   struct Shape {
     std::int64_t B, H, H_kv, Nq, Nk, d;
   };
   const Shape shapes[] = {{2, 4, 4, 1, 1, 64},    {1, 8, 2, 1, 1000, 64}, {2, 8, 1, 3, 777, 40},
                           {1, 4, 1, 16, 9, 128},  {3, 2, 2, 16, 2049, 59}, {1, 32, 1, 1, 1300, 16},
-                          {2, 2, 1, 3, 2, 256}};
+                          {2, 2, 1, 3, 2, 256},   {1, 2, 1, 1, 9000, 40}};
   std::uint64_t seed = 90;
   int several = 0;
   for (const Shape& sh : shapes) {
@@ -227,7 +265,7 @@ TEST_CASE("stage 09's model counts SRAM and other FLOPs as the mirror's loops do
     std::int64_t B, H, H_kv, Nq, Nk, d;
   };
   const Shape shapes[] = {{1, 8, 2, 1, 1000, 40}, {2, 4, 4, 3, 777, 59}, {1, 32, 1, 5, 2049, 16},
-                          {1, 2, 1, 16, 33, 64},  {2, 4, 2, 7, 300, 128}};
+                          {1, 2, 1, 16, 33, 64},  {2, 4, 2, 7, 300, 128}, {1, 4, 1, 1, 5000, 40}};
   std::uint64_t seed = 140;
   int one = 0, several = 0;
   for (const Shape& sh : shapes) {

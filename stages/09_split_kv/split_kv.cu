@@ -14,7 +14,8 @@
 //                  head g, query i; r = g Nq + i) against keys
 //                  [s kps, (s + 1) kps), Algorithm 1's loop over K/V tiles of
 //                  32 keys; writes O_s = O~ / l and L_s = m + log l per row
-//   merge kernel   one warp per row: L = logsumexp over s of L_s, then
+//   merge kernel   1 to 8 warps per row (merge_warps), each over its run of
+//                  the splits: L = logsumexp over s of L_s, then
 //                  O = sum over s of exp(L_s - L) O_s (common/partial_merge.h)
 //
 // Grouped-query heads: the G = H / H_kv query heads that share K/V head kvh
@@ -115,6 +116,26 @@ constexpr int kRowsPerWarp = kRows / kWarps;
 // per SM. At d = 256 the 32 accumulators a thread holds need more: one block.
 constexpr int min_blocks_per_sm(int kD) { return kD <= 128 ? 2 : 1; }
 
+// Programmatic dependent launch (sm_90): the merge kernel, launched with
+// the attribute that allows it (launch_merge), may start once every block of
+// the split kernel has called let_merge_launch, which each does as it starts;
+// its blocks are then placed and waiting while the last splits finish,
+// instead of being launched after them. The merge calls
+// wait_for_split_kernel before it reads a partial: that waits until the
+// split kernel has ended and its writes are visible. Below sm_90, or
+// launched without the attribute, both are no-ops.
+__device__ __forceinline__ void let_merge_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_split_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 into the
 // buffers Ks [kBc][kKStride] and Vs [kBc][kD]: 16-byte cp.async chunks with
 // p.vec, else element by element through registers. Keys past k_hi and columns past d are zero: a zero V row
@@ -163,6 +184,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   const std::int64_t units = p.row_tiles * p.splits;
+  let_merge_launch();
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
     const std::int64_t b = kvh / p.H_kv;
@@ -415,6 +437,7 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
   const sm80::LaneOffsets<kD> q_at(sm80::a_point(lane)), k_at(sm80::k_point(lane)),
       v_at(sm80::v_point(lane));
   const std::int64_t units = p.row_tiles * p.splits;
+  let_merge_launch();
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
     const std::int64_t b = kvh / p.H_kv;
@@ -688,68 +711,120 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
   }
 }
 
-// One warp per row of O: L = logsumexp of the partials' L_s, then
+// merge_warps(splits) warps per row of O (a block holds kMergeWarps /
+// merge_warps rows): L = logsumexp of the partials' L_s, then
 // O = sum_s exp(L_s - L) O_s, rounded to Elem once.
 //
-// The splits are the loop, and each lane keeps its columns c = lane + 32 k
-// of O in registers: a split's O_s row is then one coalesced read, the reads
-// of several splits are independent (the loop is unrolled so that they are
-// in flight together), and the weight exp(L_s - L) is computed once per
-// split. With the columns outermost, every lane walked the splits once per
-// column, one dependent load after another: with 32 rows (MQA, one
-// sequence) and 128 splits the merge took most of the decode.
-// partial_weight(-inf, L) = 0 also when L = -inf (no split saw a key).
+// Every warp of a row finds L over all the splits (lane l merges splits l,
+// l + 32, ..., read in one batch, then a butterfly). Warp w of the row then
+// sums its run of the splits (merge_run), and its lanes keep their columns
+// c = lane + 32 k of O in registers: a split's O_s row is one coalesced
+// read, merge_splits splits' reads are in flight together, and the weight
+// exp(L_s - L) is computed once per split. The row's first warp adds the
+// other warps' sums (through shared memory, in warp order) and writes O and
+// L. With one warp a row walking every split, MQA on one sequence (32 rows,
+// 128 splits) had 32 warps on the whole GPU, each waiting on 8 rounds of
+// reads one after another; the L loop, one load per iteration, waited on 4
+// more. partial_weight(-inf, L) = 0 also when L = -inf (no split saw a key).
+//
+// At least two blocks an SM (at most 128 registers a thread; 143 without the
+// bound): with many rows, one warp each, 16 warps an SM have rows of O_s in
+// flight rather than 8.
 template <int kD, typename Elem>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Params<Elem> p) {
+__global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<Elem> p) {
   static_assert(kMergeLanes == kWarpSize, "the plan's merge lanes are a warp");
   constexpr int kCols = kD / kWarpSize;  // columns of O per lane
   constexpr int kSplits = merge_splits(kD);  // splits whose O_s rows are read together
+  constexpr int kLBatch = static_cast<int>(kMaxSplits / kWarpSize);  // L_s a lane reads at once: every split's in one batch
+  __shared__ float O_warp[kMergeWarps][kD];  // each warp's sum over its run, for the row's first warp
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
+  const int row_warps = merge_warps(p.splits, kD);
+  const int rows_per_block = kMergeWarps / row_warps;
+  const int run_warp = warp % row_warps;  // which run of the splits this warp sums
+  const std::int64_t run = merge_run(p.splits, row_warps);
+  const std::int64_t s_lo = run_warp * run;
+  const std::int64_t s_hi = min(s_lo + run, p.splits);
   const std::int64_t rows = p.heads * p.Nq;
-  for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kMergeRows) + warp; row < rows;
-       row += static_cast<std::int64_t>(gridDim.x) * kMergeRows) {
-    const float* Ls = p.L_part + row;  // [splits], stride rows
-    // L: each lane merges every 32nd split, then the lanes merge theirs in a
-    // butterfly (the merge is associative: partial_merge.h), so no lane waits
-    // on one L_s load after another.
-    float L = -INFINITY;
-    for (std::int64_t s = lane; s < p.splits; s += kWarpSize) L = lse_merge(L, Ls[s * rows]);
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      L = lse_merge(L, __shfl_xor_sync(kFullWarpMask, L, offset));
-    }
+  wait_for_split_kernel();
+  // Every thread of the block takes the same trips (row0 is per block), so
+  // the barriers below are met by all; warps past the last row only meet them.
+  for (std::int64_t row0 = blockIdx.x * static_cast<std::int64_t>(rows_per_block); row0 < rows;
+       row0 += static_cast<std::int64_t>(gridDim.x) * rows_per_block) {
+    const std::int64_t row = row0 + warp / row_warps;
+    const bool valid = row < rows;
     float o[kCols];
 #pragma unroll
     for (int k = 0; k < kCols; ++k) o[k] = 0.0f;
-    // kSplits splits at a time: all their reads first, then the sums (in
-    // split order, as before), so that the reads are in flight together.
-    for (std::int64_t s0 = 0; s0 < p.splits; s0 += kSplits) {
-      float Lu[kSplits], Ou[kSplits][kCols];
+    float L = -INFINITY;
+    if (valid) {
+      const float* Ls = p.L_part + row;  // [splits], stride rows
+      // L: each lane merges every 32nd split, read in batches of kLBatch,
+      // then the lanes merge theirs in a butterfly (associative:
+      // partial_merge.h). A lane merges only the splits there are: with a
+      // few splits, merging -inf for the rest (no change to L, but an exp
+      // and a log1p each) cost the merge a chain of idle lse_merges.
+      for (std::int64_t s0 = lane; s0 < p.splits; s0 += kWarpSize * kLBatch) {
+        float Lb[kLBatch];
 #pragma unroll
-      for (int u = 0; u < kSplits; ++u) {
-        const std::int64_t s = s0 + u;
-        const float* Os = p.O_part + (s * rows + row) * p.d;  // [d]: split s's O_s of this row
-        Lu[u] = s < p.splits ? Ls[s * rows] : -INFINITY;    // weight 0 past the last split
+        for (int u = 0; u < kLBatch; ++u) {
+          const std::int64_t s = s0 + u * kWarpSize;
+          Lb[u] = s < p.splits ? Ls[s * rows] : -INFINITY;
+        }
 #pragma unroll
-        for (int k = 0; k < kCols; ++k) {
-          const int c = lane + k * kWarpSize;
-          Ou[u][k] = s < p.splits && c < p.d ? Os[c] : 0.0f;
+        for (int u = 0; u < kLBatch; ++u) {
+          if (s0 + u * kWarpSize < p.splits) L = lse_merge(L, Lb[u]);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kSplits; ++u) {
-        const float w = partial_weight(Lu[u], L);
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        L = lse_merge(L, __shfl_xor_sync(kFullWarpMask, L, offset));
+      }
+      // The warp's run, kSplits splits at a time: all their reads first, then
+      // the sums (in split order), so that the reads are in flight together.
+      for (std::int64_t s0 = s_lo; s0 < s_hi; s0 += kSplits) {
+        float Lu[kSplits], Ou[kSplits][kCols];
 #pragma unroll
-        for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
+        for (int u = 0; u < kSplits; ++u) {
+          const std::int64_t s = s0 + u;
+          const float* Os = p.O_part + (s * rows + row) * p.d;  // [d]: split s's O_s of this row
+          Lu[u] = s < s_hi ? Ls[s * rows] : -INFINITY;  // weight 0 past the run
+#pragma unroll
+          for (int k = 0; k < kCols; ++k) {
+            const int c = lane + k * kWarpSize;
+            Ou[u][k] = s < s_hi && c < p.d ? Os[c] : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kSplits; ++u) {
+          const float w = partial_weight(Lu[u], L);
+#pragma unroll
+          for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
+        }
       }
     }
+    if (row_warps > 1) {  // block-uniform
+      if (valid && run_warp > 0) {
 #pragma unroll
-    for (int k = 0; k < kCols; ++k) {
-      const int c = lane + k * kWarpSize;
-      if (c < p.d) p.O[row * p.d + c] = from_float<Elem>(o[k]);
+        for (int k = 0; k < kCols; ++k) O_warp[warp][lane + k * kWarpSize] = o[k];
+      }
+      __syncthreads();
+      if (valid && run_warp == 0) {
+        for (int v = 1; v < row_warps; ++v) {
+#pragma unroll
+          for (int k = 0; k < kCols; ++k) o[k] += O_warp[warp + v][lane + k * kWarpSize];
+        }
+      }
+      __syncthreads();  // O_warp is free for the next rows
     }
-    if (lane == 0) p.L[row] = L;
+    if (valid && run_warp == 0) {
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) {
+        const int c = lane + k * kWarpSize;
+        if (c < p.d) p.O[row * p.d + c] = from_float<Elem>(o[k]);
+      }
+      if (lane == 0) p.L[row] = L;
+    }
   }
 }
 
@@ -777,12 +852,32 @@ void launch_split_mma(const Params<Elem>& prm, Stream stream) {
                    stream, "stage 09 split_mma_kernel", prm);
 }
 
+// Whether the current device launches dependent grids early (sm_90 on).
+bool device_has_dependent_launch() {
+  int device = 0, major = 0;
+  cuda_check(cudaGetDevice(&device), "stage 09: cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+             "stage 09: compute capability");
+  return major >= 9;
+}
+
+// The merge kernel, on sm_90 with programmatic stream serialization: it may
+// start while the split kernel's last blocks run (let_merge_launch,
+// wait_for_split_kernel), so that its launch does not wait for their end.
 template <int kD, typename Elem>
 void launch_merge(const Params<Elem>& prm, Stream stream) {
-  const std::int64_t blocks = (prm.heads * prm.Nq - 1) / kMergeRows + 1;
-  merge_kernel<kD, Elem><<<static_cast<unsigned>(std::min(blocks, kMaxGridX)), kMergeThreads, 0,
-                           stream>>>(prm);
-  check_launch("stage 09 merge_kernel");
+  const std::int64_t rows_per_block = kMergeWarps / merge_warps(prm.splits, kD);
+  const std::int64_t blocks = (prm.heads * prm.Nq - 1) / rows_per_block + 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(std::min(blocks, kMaxGridX)));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  cudaLaunchAttribute early[1] = {};
+  early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = early;
+  config.numAttrs = device_has_dependent_launch() ? 1 : 0;
+  cuda_check(cudaLaunchKernelEx(&config, merge_kernel<kD, Elem>, prm), "stage 09 merge_kernel");
 }
 
 // fp32 on the CUDA cores (split_kernel), bf16 and fp16 on the tensor cores

@@ -286,6 +286,8 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
     }
   }
   if (merge) {
+    const int row_warps = merge_warps(plan.splits, head_dim_bucket(p.d));
+    const std::int64_t run = merge_run(plan.splits, row_warps);
     for (std::int64_t row = 0; row < rows_total; ++row) {
       // L as the merge kernel's warp finds it: lane l merges splits l, l + 32,
       // ..., then the lanes merge theirs in a butterfly (lse_merge is
@@ -310,13 +312,21 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
         w[s] = partial_weight(L_part[s * rows_total + row], L);
         c.nonmatmul_flops += kPartialWeightFlops;
       }
+      // Each of the row's merge warps sums its run of the splits in order;
+      // the first warp then adds the others' sums in warp order.
       for (std::int64_t e = 0; e < d; ++e) {
         float o = 0.0f;
-        for (std::int64_t s = 0; s < plan.splits; ++s) {
-          o = op(c, o + op(c, w[s] * O_part[(s * rows_total + row) * d + e]));
+        for (int v = 0; v < row_warps; ++v) {
+          float run_sum = 0.0f;
+          for (std::int64_t s = v * run; s < std::min((v + 1) * run, plan.splits); ++s) {
+            run_sum = op(c, run_sum + op(c, w[s] * O_part[(s * rows_total + row) * d + e]));
+          }
+          o = v == 0 ? run_sum : op(c, o + run_sum);
         }
         t.O[row * d + e] = round_to_dtype(p.dtype, o);
       }
+      c.sram_write_bytes += (row_warps - 1) * d * F;  // the other warps' sums, through shared memory
+      c.sram_read_bytes += (row_warps - 1) * d * F;
       t.L[row] = L;
     }
     c.hbm_read_bytes += plan.splits * rows_total * (d + 1) * F;

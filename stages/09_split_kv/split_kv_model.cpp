@@ -15,7 +15,9 @@
 // - SRAM reads, one per multiply-add operand as in stages 01-06: a Q (fp32)
 //   and a K element per (visible score, column); a P~ (fp32) and a V element
 //   per (row, key read, column); alpha once per O~ element and tile, l once
-//   per O element, m and l once per row for L. The merge has no shared memory.
+//   per O element, m and l once per row for L. The merge kernel's shared
+//   memory: per row the sums of its merge_warps - 1 other warps (d floats
+//   each), written once and read once.
 // - Matmul FLOPs: 2 d per visible score (S), 2 d per (row, key read) (P~ V).
 // - Non-matmul FLOPs: the scale per visible score (masked ones are not
 //   computed); max, subtract, exp2 and add to the row sum per (row, key
@@ -23,8 +25,9 @@
 //   sum (2) and d rescales of O~; per row at the end d divisions and
 //   L = (m + log2 l) ln 2 (3), counted even where l = 0 selects O = 0 and
 //   L = -inf. The merge: lse_merge and partial_weight per (row, split),
-//   kMergeLanes - 1 more lse_merge per row (the lanes' butterfly), and per
-//   (element, split) a multiply and an add (common/partial_merge.h).
+//   kMergeLanes - 1 more lse_merge per row (the lanes' butterfly), per
+//   (element, split) a multiply and an add (common/partial_merge.h), and
+//   per element merge_warps - 1 adds (the row's warps' sums added up).
 // fp16 and bf16 run on the tensor-core split kernel (split_kv.cu,
 // split_mma_kernel), with the same HBM traffic and matmul FLOPs and, with S
 // key slices per K/V tile of T keys (T = mma_tile_keys, S = its slices, RG
@@ -141,11 +144,15 @@ Cost count(const Problem& p, const Plan& plan) {
                         row_ends * p.d * S * kMergeFlopsPerElem;
   }
   if (plan.splits > 1) {  // the merge: every partial read, O and L written
+    const std::int64_t other_warps = merge_warps(plan.splits, head_dim_bucket(p.d)) - 1;
     c.hbm_read_bytes += plan.splits * rows_total * (p.d + 1) * F;
+    c.sram_write_bytes += rows_total * other_warps * p.d * F;
+    c.sram_read_bytes += rows_total * other_warps * p.d * F;
     c.hbm_write_bytes += rows_total * (p.d * E + F);
     c.nonmatmul_flops += row_ends * (kLseMergeFlops + kPartialWeightFlops +
                                      p.d * kMergeFlopsPerElem) +
-                         rows_total * (kMergeLanes - 1) * kLseMergeFlops;  // the lanes' butterfly
+                         rows_total * (kMergeLanes - 1) * kLseMergeFlops +  // the lanes' butterfly
+                         rows_total * p.d * other_warps;  // the warps' sums added up
   }
   c.thread_blocks = thread_blocks(p, plan);
   return c;

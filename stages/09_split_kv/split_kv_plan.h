@@ -37,22 +37,39 @@ inline constexpr int kBc = 32;
 inline constexpr int kThreads = 256;
 /// Warps per block, each owning rows w, w + 8, w + 16, w + 24 of the tile.
 inline constexpr int kWarps = kThreads / 32;
-/// Rows of the merge kernel per block: one warp a row.
-inline constexpr int kMergeRows = 4;
+/// Warps of a merge kernel block. A row of O is merged by merge_warps warps
+/// of one block, each summing its own run of the splits, so that with few
+/// rows and many splits (MQA on one sequence: 32 rows, up to 256 splits)
+/// the reads of O_s are spread over 8 times the warps and each warp waits on
+/// fewer rounds of them; with many rows one warp a row, 8 rows a block.
+inline constexpr int kMergeWarps = 8;
 /// Threads of the merge kernel.
-inline constexpr int kMergeThreads = kMergeRows * 32;
+inline constexpr int kMergeThreads = kMergeWarps * 32;
 /// Lanes of the merge kernel's warp (the warp size): for a row's L, lane l
 /// merges splits l, l + kMergeLanes, ..., then the lanes merge theirs in a
 /// butterfly, kMergeLanes - 1 more merges in all.
 inline constexpr int kMergeLanes = 32;
 /// Splits the merge kernel reads before it sums them, for the head-dimension
 /// bucket kD: that many rows of O_s (d floats each) in flight at once per
-/// warp, to cover the reads' latency with few warps (MQA on one sequence has
-/// 32 rows: 32 warps on the whole GPU). Each round of reads waits one L2
-/// latency, and that decode has 128 splits: 16 rounds at 8 splits, 8 at 16.
-/// 16 up to d = 128 (64 registers of a lane at d = 128), 8 at d = 256 (64
-/// registers there too).
+/// warp, to cover the reads' latency with few warps. Each round of reads
+/// waits one L2 latency. 16 up to d = 128 (64 registers of a lane at
+/// d = 128), 8 at d = 256 (64 registers there too).
 FLASHSTEP_HOST_DEVICE constexpr int merge_splits(int kD) { return kD <= 128 ? 16 : 8; }
+/// Warps that merge one row of O, for `splits` partials in bucket kD: enough
+/// that each reads its run of the splits in one round of merge_splits (a
+/// power of two, so that a block holds whole rows), at most kMergeWarps. The
+/// row's L is found by every one of them (each needs it for its weights);
+/// their sums of O then meet in shared memory, added in warp order.
+FLASHSTEP_HOST_DEVICE constexpr int merge_warps(std::int64_t splits, int kD) {
+  int w = 1;
+  while (w < kMergeWarps && w * static_cast<std::int64_t>(merge_splits(kD)) < splits) w *= 2;
+  return w;
+}
+/// Splits of a row's run for one of its merge warps: ceil(splits / warps);
+/// warp w takes [w run, (w + 1) run).
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t merge_run(std::int64_t splits, int warps) {
+  return (splits - 1) / warps + 1;
+}
 
 /// The 16-bit (bf16, fp16) split kernel runs on the tensor cores
 /// (split_kv_mma.cuh) with the same plan: the same row tiles of kRows rows,
@@ -132,8 +149,26 @@ inline constexpr double kWaveFill = 0.95;
 /// K and V a split reads (2 d elements per key): at 256 keys they are under
 /// 1 % of it when the group has one row.
 inline constexpr std::int64_t kMinKeysPerSplit = 256;
+/// Splits of kMinKeysPerSplit keys go up to this many: 128, about one block
+/// an SM on 132 SMs for a lone (batch, K/V head) (MQA on one sequence).
+inline constexpr std::int64_t kShortSplitCap = 128;
+/// Past kShortSplitCap splits, at least this many keys a split. Two blocks
+/// an SM read faster than one (one block's tile loop, a chain of barrier,
+/// fragments, mma and exponentials per K/V tile, falls short of the SM's
+/// share of the bandwidth), but each split past one an SM adds its fixed
+/// costs (the pipeline's fill, the block's slice merge, its partials written
+/// and merged). In the A/B of the merge change (issue 15), MQA on one
+/// sequence gained from 256 splits at 512k keys (2,048 a split) and lost at
+/// 64k (256 a split) against what 128 splits gained from the merge alone at
+/// 32k. 1,024 keys a split: more than 128 splits past 128k keys, 256 from
+/// 256k.
+inline constexpr std::int64_t kMinKeysPastShortCap = 1024;
 /// At most this many splits: the merge reads every split's partial per row.
-inline constexpr std::int64_t kMaxSplits = 128;
+/// 256 lets a lone (batch, K/V head) fill one wave of two resident blocks on
+/// 132 SMs (264 slots). The merge spreads a row's splits over merge_warps
+/// warps, so twice the splits cost it one more round of reads, not twice
+/// the rounds.
+inline constexpr std::int64_t kMaxSplits = 256;
 /// The SM count the model and the CPU mirror plan for (H100 SXM and H200
 /// both have 132); the GPU plans for its own.
 inline constexpr int kModelSmCount = 132;
@@ -160,16 +195,21 @@ inline std::int64_t keys_per_split(std::int64_t Nk, std::int64_t splits) {
   return ((Nk - 1) / (splits * kBc) + 1) * kBc;
 }
 
-/// Splits allowed for p: min(ceil(Nk / kMinKeysPerSplit), kMaxSplits).
+/// Splits allowed for p: min(ceil(Nk / kMinKeysPerSplit), kShortSplitCap),
+/// or ceil(Nk / kMinKeysPastShortCap) where that is more, at most kMaxSplits.
 inline std::int64_t split_cap(const Problem& p) {
-  return std::min((p.Nk - 1) / kMinKeysPerSplit + 1, kMaxSplits);
+  const std::int64_t short_splits = std::min((p.Nk - 1) / kMinKeysPerSplit + 1, kShortSplitCap);
+  const std::int64_t long_splits = (p.Nk - 1) / kMinKeysPastShortCap + 1;
+  return std::min(std::max(short_splits, long_splits), kMaxSplits);
 }
 
 /// The split count: whole waves of blocks, as few splits as that allows.
 ///
 ///   blocks without splitting  n0 = B * H_kv * row_tiles
 ///   resident slots            R = SMs * resident_blocks(type, d bucket)
-///   cap                       min(ceil(Nk / kMinKeysPerSplit), kMaxSplits)
+///   cap                       min(ceil(Nk / kMinKeysPerSplit), kShortSplitCap),
+///                             or ceil(Nk / kMinKeysPastShortCap) if more,
+///                             at most kMaxSplits (split_cap)
 ///   n0 >= kFullGrid R         1 split (the GPU is full already)
 ///   n0 cap <= R               cap splits (one wave holds them all)
 ///   otherwise                 for S = 1 .. cap, dealt out as S' splits:
@@ -226,15 +266,18 @@ inline std::int64_t max_splits(const Problem& p) {
   return n0 < kFullGrid * slots ? split_cap(p) : 1;
 }
 
+/// Blocks of the merge kernel: kMergeWarps / merge_warps rows a block.
+inline std::int64_t merge_blocks(const Problem& p, const Plan& plan) {
+  const std::int64_t rows_per_block = kMergeWarps / merge_warps(plan.splits, head_dim_bucket(p.d));
+  return std::min((p.heads() * p.Nq - 1) / rows_per_block + 1, kMaxGridX);
+}
 /// Thread blocks a run launches: the split kernel's grid (row tiles x splits
 /// by B * H_kv, each capped at CUDA's limit, the blocks then walking the rest)
-/// and, with more than one split, the merge kernel's (kMergeRows rows a block).
+/// and, with more than one split, the merge kernel's (merge_blocks).
 inline std::int64_t thread_blocks(const Problem& p, const Plan& plan) {
   const std::int64_t split = std::min(plan.row_tiles * plan.splits, kMaxGridX) *
                              std::min(p.B * p.kv_heads(), kMaxGridY);
-  const std::int64_t merge =
-      plan.splits > 1 ? std::min((p.heads() * p.Nq - 1) / kMergeRows + 1, kMaxGridX) : 0;
-  return split + merge;
+  return split + (plan.splits > 1 ? merge_blocks(p, plan) : 0);
 }
 
 /// Keys query row i (0..Nq-1) may see in a sequence of nk keys: nk, or with
