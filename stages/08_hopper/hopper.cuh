@@ -485,17 +485,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 //
 //   warpgroup 0, producer  setmaxnreg.dec 40 (32); thread 0 alone: for each
 //                          head, wait q_empty, TMA each consumer's 64 rows of
-//                          Qi -> q_full; for each K/V tile, wait empty[b],
-//                          TMA Kj, Vj -> full[b]
+//                          Qi -> q_full; for each K/V tile, wait k_empty[b],
+//                          TMA Kj -> k_full[b], wait v_empty[b], TMA Vj -> v_full[b]
 //   warpgroups 1, 2 (, 3)  setmaxnreg.inc 232 (160); rows 64 (w - 1) .. of the
-//   consumers              block: wait q_full; for each tile wait full[b], S = Qi Kj^T,
-//                          softmax, O~ += P~ Vj, arrive on empty[b]; arrive on
-//                          q_empty; write O, L
+//   consumers              block: wait q_full; for each tile wait k_full[b],
+//                          S = Qi Kj^T, arrive on k_empty[b], softmax, wait
+//                          v_full[b], O~ += P~ Vj, arrive on v_empty[b]; arrive
+//                          on q_empty; write O, L
 //
 // Two consumers, or three at d = 64 (consumer_warpgroups: blocks of 128 or
 // 192 rows; the registers in brackets). After the split no thread passes a
 // block barrier: the producer's other threads have returned, and every
-// hand-over is an mbarrier.
+// hand-over is an mbarrier. Kj and Vj have barriers of their own, as
+// FlashAttention-3's two pipelines: Kj's buffer is free once S is in, while
+// Vj's is held until O~ += P~ Vj is; in step 5, which holds Vj one tile
+// longer, a shared barrier would keep both buffers busy and the producer
+// could not copy ahead at all.
 
 /// What step 3 fixes at compile time: the names qk_product, pv_product and
 /// online_softmax read, for one consumer warpgroup's 64 rows.
@@ -519,8 +524,9 @@ struct WsConfig {
   static constexpr int kBlockRows = kConsumers * kBr;  // rows of Q per block
   static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
   static constexpr int kKVBytes = kBc * kHeadDim * 2;
-  // Barriers: q_full, q_empty, full[kStages], empty[kStages].
-  static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
+  // Barriers: q_full, q_empty, k_full[kStages], k_empty[kStages],
+  // v_full[kStages], v_empty[kStages].
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
   static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
                                     2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kSmemBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
@@ -549,14 +555,24 @@ struct WsSmem {
   }
   __device__ std::uint64_t* q_full() const { return barriers(); }      // Qi landed
   __device__ std::uint64_t* q_empty() const { return barriers() + 1; } // consumers done with Qi
-  __device__ std::uint64_t* full(int b) const { return barriers() + 2 + b; }
-  __device__ std::uint64_t* empty(int b) const { return barriers() + 2 + kStages + b; }
+  __device__ std::uint64_t* k_full(int b) const { return barriers() + 2 + b; }   // Kj landed
+  __device__ std::uint64_t* k_empty(int b) const {  // consumers done with Kj
+    return barriers() + 2 + kStages + b;
+  }
+  __device__ std::uint64_t* v_full(int b) const {  // Vj landed
+    return barriers() + 2 + 2 * kStages + b;
+  }
+  __device__ std::uint64_t* v_empty(int b) const {  // consumers done with Vj
+    return barriers() + 2 + 3 * kStages + b;
+  }
 };
 
 /// The producer: thread 0 of warpgroup 0 issues every copy of the block's
-/// heads, in the order the consumers use them. A buffer's t-th fill waits
-/// for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e. t % 2 ^ 1
-/// (on a fresh barrier, waiting for parity 1 returns at once).
+/// heads, in the order the consumers use them: Kj, then Vj. A buffer's t-th
+/// fill waits for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e.
+/// t % 2 ^ 1 (on a fresh barrier, waiting for parity 1 returns at once).
+/// Kj's buffer is released first (once S is in), so the next Kj but one is
+/// on its way while this tile's Vj is still read.
 template <typename Elem, typename C>
 __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, const WsSmem<C>& s,
                                int q_row0, int n_blocks) {
@@ -580,41 +596,53 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
 #pragma unroll 1
     for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {  // line 7
       const int b = tiles % kStages;
-      sm90::mbarrier_wait(s.empty(b), tiles / kStages % 2 ^ 1);
-      sm90::mbarrier_arrive_expect_tx(s.full(b), 2 * C::kKVBytes);
+      const unsigned parity = tiles / kStages % 2 ^ 1;
+      sm90::mbarrier_wait(s.k_empty(b), parity);
+      sm90::mbarrier_arrive_expect_tx(s.k_full(b), C::kKVBytes);
       for (int cb = 0; cb < C::kColBlocks; ++cb) {
-        sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.full(b),
+        sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.k_full(b),
                           64 * cb, j * C::kBc, head);
-        sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.full(b),
+      }
+      sm90::mbarrier_wait(s.v_empty(b), parity);
+      sm90::mbarrier_arrive_expect_tx(s.v_full(b), C::kKVBytes);
+      for (int cb = 0; cb < C::kColBlocks; ++cb) {
+        sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.v_full(b),
                           64 * cb, j * C::kBc, head);
       }
     }
   }
 }
 
-/// Step 5's tile loop for one consumer and head (FlashAttention-3,
-/// Algorithm 2): the product S_next = Qi K_j^T is issued together with
-/// O~ += P~_{j+1} V_{j+1} of the tile before, and the softmax of S_next runs
-/// while the second is in flight; O~'s rescale by the new factors waits for
-/// it. Row for row the same operations in the same order as steps 1-4:
-/// O~ is rescaled by tile j + 1's factors before P~_{j+1} V_{j+1} is added,
-/// and by tile j's after. Costs P~_{j+1} in Bc / 4 packed registers (32 at
-/// Bc = 128) beside S_j.
+/// Steps 4-5's tile loop for one consumer and head (FlashAttention-3's
+/// mainloop): one turn on the tensor cores per K/V tile, in which the
+/// consumer issues both products of an iteration back to back, S_j = Qi K_j^T
+/// and O~ += P~_{j+1} V_{j+1} of the tile before, then passes the turn on;
+/// the other consumers' softmax runs under these two products, and this
+/// one's under theirs. Step 4 waits for both products before the softmax of
+/// S_j; step 5 (FlashAttention-3 Algorithm 2) waits for S_j alone
+/// (wgmma_wait<1>), runs its softmax while P~_{j+1} V_{j+1} is still in
+/// flight, and rescales O~ by the new factors after that product is in
+/// (wgmma_wait<0>), off the path from one S to the next. Row for row the
+/// same operations in the same order as step 3: O~ is rescaled by tile
+/// j + 1's factors before P~_{j+1} V_{j+1} is added, and by tile j's after.
+/// Costs P~_{j+1} in Bc / 4 packed registers (32 at Bc = 128) beside S_j.
+/// `tiles` counts the K/V tiles consumed so far; the buffer phases follow.
 template <typename Elem, typename C, typename Turn, typename Pass>
-__device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& s,
-                                        std::uint32_t q_addr, int n_blocks, int unmasked_keys,
-                                        const int (&keys_seen)[2], unsigned& tiles,
-                                        float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
-                                        float (&l)[2], Turn my_turn, Pass your_turn) {
+__device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s,
+                                       std::uint32_t q_addr, int n_blocks, int unmasked_keys,
+                                       const int (&keys_seen)[2], unsigned& tiles,
+                                       float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
+                                       float (&l)[2], Turn my_turn, Pass your_turn) {
   if (n_blocks == 0) return;
   float alpha[2];
   // The last visited tile alone: its scores, softmax and rescale.
   float S[C::kSRegs];
   int b_prev = tiles % kStages;
-  sm90::mbarrier_wait(s.full(b_prev), tiles / kStages % 2);
+  sm90::mbarrier_wait(s.k_full(b_prev), tiles / kStages % 2);
   my_turn();
   qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b_prev)), p.negate_q);
   your_turn();
+  sm90::mbarrier_arrive(s.k_empty(b_prev));
   if (unmasked_keys - (n_blocks - 1) * C::kBc < C::kBc) {
     mask_scores(S, (n_blocks - 1) * C::kBc, keys_seen);
   }
@@ -625,7 +653,8 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
     const int b = tiles % kStages;
     std::uint32_t a[C::kPVSteps][4];
     pack_p<Elem, C>(a, S);  // P~_{j+1}, before the fence
-    sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+    sm90::mbarrier_wait(s.k_full(b), tiles / kStages % 2);
+    sm90::mbarrier_wait(s.v_full(b_prev), (tiles - 1) / kStages % 2);
     my_turn();
     // Group 1: S_j; group 2: O~ += P~_{j+1} V_{j+1}. The scale's sign is
     // tested outside the fence and the chains (a branch between them makes
@@ -642,22 +671,40 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
       issue_pv<Elem, C>(O, a, v_addr);
     }
     your_turn();
-    sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
-    sm90::fence_accumulators(S);
-    if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
-    const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
-    sm90::wgmma_wait<0>();
+    // Waits for P~_{j+1} V_{j+1} (step 5) and frees V_{j+1}'s buffer. It
+    // is called in both arms of the branch on the softmax's vote below, not
+    // after the softmax in the same block: there ptxas scheduled the wait
+    // ahead of the whole softmax (WARPGROUP.DEPBAR.LE gsb0, 0x0 before the
+    // first SHFL in the SASS), and the softmax never ran under the product.
+    // Behind a branch that needs the softmax's vote, it stays after it.
+    auto finish_pv = [&] {
+      if constexpr (C::kOverlap) sm90::wgmma_wait<0>();
 #pragma unroll
-    for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
-    sm90::mbarrier_arrive(s.empty(b_prev));  // done with tile j + 1's buffer
-    if (moved) rescale_output<C>(O, alpha);
+      for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
+      sm90::mbarrier_arrive(s.v_empty(b_prev));  // done with V_{j+1}
+    };
+    if constexpr (C::kOverlap) {
+      sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
+    } else {
+      sm90::wgmma_wait<0>();  // both are in
+    }
+    sm90::fence_accumulators(S);
+    sm90::mbarrier_arrive(s.k_empty(b));  // done with K_j
+    if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
+    if (softmax_scores(S, m, l, alpha, p.scale_log2)) {
+      finish_pv();
+      rescale_output<C>(O, alpha);
+    } else {
+      finish_pv();
+    }
     b_prev = b;
   }
   // The first tile's product.
+  sm90::mbarrier_wait(s.v_full(b_prev), (tiles - 1) / kStages % 2);
   my_turn();
   pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b_prev)));
   your_turn();
-  sm90::mbarrier_arrive(s.empty(b_prev));
+  sm90::mbarrier_arrive(s.v_empty(b_prev));
 }
 
 /// The first of step 4's named barriers, one per consumer (0 is
@@ -687,7 +734,7 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
   // Step 4's token, passed round the consumers 0, 1, (2,) 0, ...: consumer
   // w may use the tensor cores once its barrier kTurn + w has seen its own
   // 128 threads and the previous consumer's 128 arrivals; it passes the
-  // token on with an arrival at the next one's.
+  // token on with an arrival at the next one's. Step 3 takes no turns.
   auto my_turn = [&] {
     if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, kTurnThreads);
   };
@@ -707,24 +754,23 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
     }
     sm90::mbarrier_wait(s.q_full(), heads % 2);
     if (w == C::kConsumers - 1) your_turn();  // consumer 0 goes first
-    if constexpr (C::kOverlap) {
-      overlapped_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
-                                my_turn, your_turn);
+    if constexpr (C::kPingPong) {
+      ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
+                               my_turn, your_turn);
     } else {
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
         const int key0 = j * C::kBc;
         const int b = tiles % kStages;
-        sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+        const unsigned parity = tiles / kStages % 2;
+        sm90::mbarrier_wait(s.k_full(b), parity);
         float S[C::kSRegs];
-        my_turn();
         qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);
-        your_turn();  // the other consumer's product runs under this softmax
+        sm90::mbarrier_arrive(s.k_empty(b));  // this thread's product is done with Kj
         if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
         online_softmax<C>(S, O, m, l, p.scale_log2);
-        my_turn();
+        sm90::mbarrier_wait(s.v_full(b), parity);
         pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
-        your_turn();
-        sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
+        sm90::mbarrier_arrive(s.v_empty(b));  // and with Vj
       }
     }
     // Consumer 0 takes the turn the last consumer passed last (or first,
@@ -765,8 +811,10 @@ __global__ void __launch_bounds__(C::kBlockThreads, 1)
     sm90::mbarrier_init(s.q_full(), 1);
     sm90::mbarrier_init(s.q_empty(), C::kConsumerThreads);
     for (int b = 0; b < kStages; ++b) {
-      sm90::mbarrier_init(s.full(b), 1);
-      sm90::mbarrier_init(s.empty(b), C::kConsumerThreads);
+      sm90::mbarrier_init(s.k_full(b), 1);
+      sm90::mbarrier_init(s.k_empty(b), C::kConsumerThreads);
+      sm90::mbarrier_init(s.v_full(b), 1);
+      sm90::mbarrier_init(s.v_empty(b), C::kConsumerThreads);
     }
     sm90::fence_proxy_async_shared();  // the copy engine sees the initialized barriers
   }
