@@ -131,16 +131,19 @@ __device__ inline void load_tile(unsigned char* tile, const Elem* src, int rows_
 template <typename Elem, typename C, int kScaleA>
 __device__ inline void issue_qk(float (&S)[C::kSRegs], std::uint32_t q_addr,
                                 std::uint32_t k_addr) {
+  // LBO 16 bytes (unused by a K-major 128-byte swizzle), SBO one atom; each
+  // step's descriptor is the first one advanced by a constant.
+  const std::uint64_t a0 =
+      sm90::make_descriptor(q_addr, 16, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+  const std::uint64_t b0 =
+      sm90::make_descriptor(k_addr, 16, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
 #pragma unroll
   for (int kk = 0; kk < C::kQKSteps; ++kk) {
     const std::uint32_t step = kk / 4, in_row = kk % 4 * 2 * sm90::kWgmmaK;
-    // LBO 16 bytes (unused by a K-major 128-byte swizzle), SBO one atom.
     const std::uint64_t a =
-        sm90::make_descriptor(q_addr + step * kBr * sm90::kSwizzleRowBytes + in_row, 16,
-                              sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+        sm90::advance_descriptor(a0, step * kBr * sm90::kSwizzleRowBytes + in_row);
     const std::uint64_t b =
-        sm90::make_descriptor(k_addr + step * C::kBc * sm90::kSwizzleRowBytes + in_row, 16,
-                              sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+        sm90::advance_descriptor(b0, step * C::kBc * sm90::kSwizzleRowBytes + in_row);
     sm90::wgmma_m64nNk16_ss<Elem, C::kBc, kScaleA, 0>(S, a, b, kk > 0);
   }
   sm90::wgmma_commit();
@@ -194,14 +197,15 @@ template <typename Elem, typename C>
 __device__ inline void issue_pv(float (&O)[C::kOutChains][C::kORegs],
                                 const std::uint32_t (&a)[C::kPVSteps][4], std::uint32_t v_addr) {
   constexpr std::uint32_t kColBlockBytes = C::kBc * sm90::kSwizzleRowBytes;
+  const std::uint64_t b0 =
+      sm90::make_descriptor(v_addr, kColBlockBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
 #pragma unroll
   for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
     for (int kk = 0; kk < C::kPVSteps; ++kk) {
-      const std::uint64_t b = sm90::make_descriptor(
-          v_addr + c * (C::kOutN / sm90::kSwizzleRowElems) * kColBlockBytes +
-              kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes,
-          kColBlockBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+      const std::uint64_t b = sm90::advance_descriptor(
+          b0, c * (C::kOutN / sm90::kSwizzleRowElems) * kColBlockBytes +
+                  kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes);
       sm90::wgmma_m64nNk16_rs<Elem, C::kOutN, 1>(O[c], a[kk], b, 1);
     }
   }
