@@ -488,7 +488,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Step 3: warp specialization (FlashAttention-3 §3.1).
 //
 //   warpgroup 0, producer  setmaxnreg.dec 40 (32); thread 0 alone: for each
-//                          head, wait q_empty, TMA each consumer's 64 rows of
+//                          item (Q block, head) of the block, wait q_empty,
+//                          TMA each consumer's 64 rows of
 //                          Qi -> q_full; for each K/V tile, wait k_empty[b],
 //                          TMA Kj -> k_full[b], wait v_empty[b], TMA Vj -> v_full[b]
 //   warpgroups 1, 2 (, 3)  setmaxnreg.inc 232 (160); rows 64 (w - 1) .. of the
@@ -571,19 +572,62 @@ struct WsSmem {
   }
 };
 
+/// The work items of steps 3-5, a Q block of kBlockRows rows of one head
+/// each, numbered heaviest first: item rank * heads + head, where rank
+/// counts Q blocks from the last (under a causal mask, the one that sees
+/// the most keys), so that every head's heaviest block comes before any
+/// head's next lighter one. A block takes items blockIdx.x,
+/// blockIdx.x + gridDim.x, ... (launch_ws chooses the grid). The cursor
+/// keeps rank and head as counters in 32 bits (heads fit an int, as TMA's
+/// head coordinate does): a 64-bit division per item spilled the
+/// producer's 32 registers.
+struct WsCursor {
+  int rank;  // Q blocks from the last
+  int head;  // bh
+
+  __device__ static WsCursor first(int heads) {
+    return {static_cast<int>(blockIdx.x) / heads, static_cast<int>(blockIdx.x) % heads};
+  }
+  __device__ void next(int heads) {
+    rank += static_cast<int>(gridDim.x) / heads;
+    head += static_cast<int>(gridDim.x) % heads;
+    if (head >= heads) {
+      head -= heads;
+      ++rank;
+    }
+  }
+};
+
+/// Item (rank, head)'s first row of Q, and the K/V blocks its last row sees
+/// (the rest lie above the causal diagonal and are skipped).
+struct WsItem {
+  int row0;
+  int n_blocks;
+};
+template <typename C, typename Elem>
+__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, int rank) {
+  const int row0 = (Tr - 1 - rank) * C::kBlockRows;
+  const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
+  const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
+  const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  return {row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
+}
+
 /// The producer: thread 0 of warpgroup 0 issues every copy of the block's
-/// heads, in the order the consumers use them: Kj, then Vj. A buffer's t-th
+/// items, in the order the consumers use them: Kj, then Vj. A buffer's t-th
 /// fill waits for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e.
 /// t % 2 ^ 1 (on a fresh barrier, waiting for parity 1 returns at once).
 /// Kj's buffer is released first (once S is in), so the next Kj but one is
 /// on its way while this tile's Vj is still read.
 template <typename Elem, typename C>
-__device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, const WsSmem<C>& s,
-                               int q_row0, int n_blocks) {
-  unsigned tiles = 0, heads = 0;
-  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
-    const int head = static_cast<int>(bh);
-    sm90::mbarrier_wait(s.q_empty(), heads % 2 ^ 1);  // line 4
+__device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
+                               const WsSmem<C>& s) {
+  unsigned tiles = 0, items_done = 0;
+  const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  for (WsCursor item = WsCursor::first(heads); item.rank < Tr; item.next(heads), ++items_done) {
+    const WsItem it = ws_item<C>(p, Tr, item.rank);
+    const int q_row0 = it.row0, n_blocks = it.n_blocks, head = item.head;
+    sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
     // outside the tensor is not asked of TMA): it computes on whatever its
     // Qi tile holds, rows that are never written out.
@@ -718,22 +762,16 @@ inline constexpr int kTurn = 1;
 /// arrivals of the one that passes it the turn.
 inline constexpr int kTurnThreads = 2 * kThreads;
 
-/// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows q_row0 ..
-/// q_row0 + 63 of every head of the block, on the buffers the producer fills.
+/// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows 64 w .. 64 w + 63
+/// of every item of the block, on the buffers the producer fills.
 template <typename Elem, typename C>
-__device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w, int q_row0,
-                               int n_blocks) {
+__device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w) {
   const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   auto keys_seen_by = [&](std::int64_t row) -> int {
     if (!p.causal) return p.Nk;
     const std::int64_t seen = row + 1 + p.Nk - p.Nq;
     return static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
   };
-  int keys_seen[2];
-  for (int h = 0; h < 2; ++h) {
-    keys_seen[h] = keys_seen_by(static_cast<std::int64_t>(q_row0) + 16 * warp + lane / 4 + 8 * h);
-  }
-  const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
   const std::uint32_t q_addr = sm90::smem_address(s.Qi(w));
   // Step 4's token, passed round the consumers 0, 1, (2,) 0, ...: consumer
   // w may use the tensor cores once its barrier kTurn + w has seen its own
@@ -747,8 +785,17 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
       sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
     }
   };
-  unsigned tiles = 0, heads = 0;
-  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
+  unsigned tiles = 0, items_done = 0;
+  const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  for (WsCursor item = WsCursor::first(heads); item.rank < Tr; item.next(heads), ++items_done) {
+    const WsItem it = ws_item<C>(p, Tr, item.rank);
+    const int q_row0 = it.row0 + w * kBr, n_blocks = it.n_blocks;
+    int keys_seen[2];
+    for (int h = 0; h < 2; ++h) {
+      keys_seen[h] =
+          keys_seen_by(static_cast<std::int64_t>(q_row0) + 16 * warp + lane / 4 + 8 * h);
+    }
+    const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
     float O[C::kOutChains][C::kORegs];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -756,7 +803,7 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
 #pragma unroll
       for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
     }
-    sm90::mbarrier_wait(s.q_full(), heads % 2);
+    sm90::mbarrier_wait(s.q_full(), items_done % 2);
     if (w == C::kConsumers - 1) your_turn();  // consumer 0 goes first
     if constexpr (C::kPingPong) {
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
@@ -780,31 +827,16 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
     // Consumer 0 takes the turn the last consumer passed last (or first,
     // when there is no tile): every arrival on a turn barrier is matched.
     if (w == 0) my_turn();
-    sm90::mbarrier_arrive(s.q_empty());   // and with Qi
-    write_output<Elem, C>(p, bh, q_row0, O, m, l);
+    // Done with Qi: the producer copies the next item's while O is written.
+    sm90::mbarrier_arrive(s.q_empty());
+    write_output<Elem, C>(p, item.head, q_row0, O, m, l);
   }
 }
 
-/// This block's first row of Q, and the K/V blocks its last row sees (the
-/// rest lie above the causal diagonal and are skipped).
-struct WsBlock {
-  int row0;
-  int n_blocks;
-};
-template <typename C, typename Elem>
-__device__ inline WsBlock ws_block(const Params<Elem>& p) {
-  const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  const int row0 = (Tr - 1 - static_cast<int>(blockIdx.x)) * C::kBlockRows;  // heaviest first
-  const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
-  const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
-  const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
-  return {row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
-}
-
-/// Step 3's kernel: one block of three warpgroups per (Q block of 128
-/// rows, head), four per (192 rows, head) at d = 64. The register cap at
-/// entry (384 threads at one block per SM: 168 each; 512: 128) is what
-/// setmaxnreg redistributes.
+/// Step 3's kernel: blocks of three warpgroups, each taking (Q block of 128
+/// rows, head) items, or of four taking (192 rows, head) at d = 64. The
+/// register cap at entry (384 threads at one block per SM: 168 each; 512:
+/// 128) is what setmaxnreg redistributes.
 template <typename Elem, typename C>
 __global__ void __launch_bounds__(C::kBlockThreads, 1)
     hopper_ws_kernel(const Params<Elem> p, const __grid_constant__ TensorMaps maps) {
@@ -825,18 +857,13 @@ __global__ void __launch_bounds__(C::kBlockThreads, 1)
   __syncthreads();  // the last block-wide barrier: the roles split here
   // Nothing computed above lives past setmaxnreg (the producer keeps 40 or
   // 32 registers: what lived longer would be spilled), so each role works
-  // out its rows and K/V blocks for itself.
+  // out its items' rows and K/V blocks for itself.
   if (threadIdx.x / kThreads == 0) {
     sm90::setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x == 0) {
-      const WsBlock blk = ws_block<C>(p);
-      produce<Elem, C>(p, maps, s, blk.row0, blk.n_blocks);
-    }
+    if (threadIdx.x == 0) produce<Elem, C>(p, maps, s);
   } else {
     sm90::setmaxnreg_inc<C::kConsumerRegs>();
-    const WsBlock blk = ws_block<C>(p);
-    const int w = threadIdx.x / kThreads - 1;
-    consume<Elem, C>(p, s, w, blk.row0 + w * kBr, blk.n_blocks);
+    consume<Elem, C>(p, s, threadIdx.x / kThreads - 1);
   }
 #endif
 }
