@@ -514,6 +514,12 @@ struct WsConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kStep >= Step::kPingPong;
   static constexpr bool kOverlap = kStep >= Step::kIntraOverlap;
+  // Whether the consumers take turns on the tensor cores: from step 4 on,
+  // but for step 5's three consumers at d = 64, whose turns cost more than
+  // they hid in step 4 (a ring of three waits for its slowest member): they
+  // issue their products freely, as in step 3, each with its own softmax
+  // under its own P~ V.
+  static constexpr bool kTurns = kPingPong && !(kOverlap && kHeadDim <= 64);
   static constexpr int kBc = key_tile(kHeadDim);  // keys per K/V tile
   static constexpr int kSRegs = kBc / 2;          // S's fp32 accumulators per thread
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
@@ -776,12 +782,13 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
   // Step 4's token, passed round the consumers 0, 1, (2,) 0, ...: consumer
   // w may use the tensor cores once its barrier kTurn + w has seen its own
   // 128 threads and the previous consumer's 128 arrivals; it passes the
-  // token on with an arrival at the next one's. Step 3 takes no turns.
+  // token on with an arrival at the next one's. Step 3 takes no turns, nor
+  // does step 5 at d = 64 (WsConfig::kTurns).
   auto my_turn = [&] {
-    if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, kTurnThreads);
+    if constexpr (C::kTurns) sm90::named_barrier_sync(kTurn + w, kTurnThreads);
   };
   auto your_turn = [&] {
-    if constexpr (C::kPingPong) {
+    if constexpr (C::kTurns) {
       sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
     }
   };
