@@ -494,9 +494,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 //                          TMA Kj -> k_full[b], wait v_empty[b], TMA Vj -> v_full[b]
 //   warpgroups 1, 2 (, 3)  setmaxnreg.inc 232 (160); rows 64 (w - 1) .. of the
 //   consumers              block: wait q_full; for each tile wait k_full[b],
-//                          S = Qi Kj^T, arrive on k_empty[b], softmax, wait
-//                          v_full[b], O~ += P~ Vj, arrive on v_empty[b]; arrive
-//                          on q_empty; write O, L
+//                          S = Qi Kj^T, arrive on k_empty[b] (and, after the
+//                          item's last S, on q_empty), softmax, wait v_full[b],
+//                          O~ += P~ Vj, arrive on v_empty[b]; write O, L
 //
 // Two consumers, or three at d = 64 (consumer_warpgroups: blocks of 128 or
 // 192 rows; the registers in brackets). After the split no thread passes a
@@ -681,13 +681,14 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
 /// j + 1's factors before P~_{j+1} V_{j+1} is added, and by tile j's after.
 /// Costs P~_{j+1} in Bc / 4 packed registers (32 at Bc = 128) beside S_j.
 /// `tiles` counts the K/V tiles consumed so far; the buffer phases follow.
-template <typename Elem, typename C, typename Turn, typename Pass>
+/// release_q() is called once the last S is in: Qi is read no more.
+template <typename Elem, typename C, typename Turn, typename Pass, typename Release>
 __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s,
                                        std::uint32_t q_addr, int n_blocks, int unmasked_keys,
                                        const int (&keys_seen)[2], unsigned& tiles,
                                        float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
-                                       float (&l)[2], Turn my_turn, Pass your_turn) {
-  if (n_blocks == 0) return;
+                                       float (&l)[2], Turn my_turn, Pass your_turn,
+                                       Release release_q) {
   float alpha[2];
   // The last visited tile alone: its scores, softmax and rescale.
   float S[C::kSRegs];
@@ -697,6 +698,7 @@ __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s
   qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b_prev)), p.negate_q);
   your_turn();
   sm90::mbarrier_arrive(s.k_empty(b_prev));
+  if (n_blocks == 1) release_q();
   if (unmasked_keys - (n_blocks - 1) * C::kBc < C::kBc) {
     mask_scores(S, (n_blocks - 1) * C::kBc, keys_seen);
   }
@@ -744,6 +746,7 @@ __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s
     }
     sm90::fence_accumulators(S);
     sm90::mbarrier_arrive(s.k_empty(b));  // done with K_j
+    if (j == 0) release_q();
     if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
     if (softmax_scores(S, m, l, alpha, p.scale_log2)) {
       finish_pv();
@@ -812,9 +815,15 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     }
     sm90::mbarrier_wait(s.q_full(), items_done % 2);
     if (w == C::kConsumers - 1) your_turn();  // consumer 0 goes first
-    if constexpr (C::kPingPong) {
+    // Done with Qi once the item's last S is in (at once when it has no
+    // tile): the producer copies the next item's Qi under this item's last
+    // softmax, last P~ V and the writing of O.
+    auto release_q = [&] { sm90::mbarrier_arrive(s.q_empty()); };
+    if (n_blocks == 0) {
+      release_q();
+    } else if constexpr (C::kPingPong) {
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
-                               my_turn, your_turn);
+                               my_turn, your_turn, release_q);
     } else {
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
         const int key0 = j * C::kBc;
@@ -824,6 +833,7 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
         float S[C::kSRegs];
         qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);
         sm90::mbarrier_arrive(s.k_empty(b));  // this thread's product is done with Kj
+        if (j == 0) release_q();
         if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
         online_softmax<C>(S, O, m, l, p.scale_log2);
         sm90::mbarrier_wait(s.v_full(b), parity);
@@ -834,8 +844,6 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     // Consumer 0 takes the turn the last consumer passed last (or first,
     // when there is no tile): every arrival on a turn barrier is matched.
     if (w == 0) my_turn();
-    // Done with Qi: the producer copies the next item's while O is written.
-    sm90::mbarrier_arrive(s.q_empty());
     write_output<Elem, C>(p, item.head, q_row0, O, m, l);
   }
 }
