@@ -579,10 +579,13 @@ struct WsSmem {
 };
 
 /// The work items of steps 3-5, a Q block of kBlockRows rows of one head
-/// each, numbered heaviest first: item rank * heads + head, where rank
-/// counts Q blocks from the last (under a causal mask, the one that sees
-/// the most keys), so that every head's heaviest block comes before any
-/// head's next lighter one. A block takes items blockIdx.x,
+/// each, numbered head by head: item head * Tr + rank, where rank counts Q
+/// blocks from the last (under a causal mask, the one that sees the most
+/// keys: heaviest first). Blocks running at once then hold consecutive
+/// items, mostly of one head, and share its Kj and Vj in L2; numbered
+/// rank-major instead (every head's heaviest block first), 132 blocks
+/// spread over all heads and read K and V from HBM: 5-10 % slower at
+/// d = 128 (the lead's A/B at 8f371f9). A block takes items blockIdx.x,
 /// blockIdx.x + gridDim.x, ... (launch_ws chooses the grid). The cursor
 /// keeps rank and head as counters in 32 bits (heads fit an int, as TMA's
 /// head coordinate does): a 64-bit division per item spilled the
@@ -591,15 +594,15 @@ struct WsCursor {
   int rank;  // Q blocks from the last
   int head;  // bh
 
-  __device__ static WsCursor first(int heads) {
-    return {static_cast<int>(blockIdx.x) / heads, static_cast<int>(blockIdx.x) % heads};
+  __device__ static WsCursor first(int Tr) {
+    return {static_cast<int>(blockIdx.x) % Tr, static_cast<int>(blockIdx.x) / Tr};
   }
-  __device__ void next(int heads) {
-    rank += static_cast<int>(gridDim.x) / heads;
-    head += static_cast<int>(gridDim.x) % heads;
-    if (head >= heads) {
-      head -= heads;
-      ++rank;
+  __device__ void next(int Tr) {
+    rank += static_cast<int>(gridDim.x) % Tr;
+    head += static_cast<int>(gridDim.x) / Tr;
+    if (rank >= Tr) {
+      rank -= Tr;
+      ++head;
     }
   }
 };
@@ -630,7 +633,7 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                                const WsSmem<C>& s) {
   unsigned tiles = 0, items_done = 0;
   const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  for (WsCursor item = WsCursor::first(heads); item.rank < Tr; item.next(heads), ++items_done) {
+  for (WsCursor item = WsCursor::first(Tr); item.head < heads; item.next(Tr), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item.rank);
     const int q_row0 = it.row0, n_blocks = it.n_blocks, head = item.head;
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
@@ -797,7 +800,7 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
   };
   unsigned tiles = 0, items_done = 0;
   const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  for (WsCursor item = WsCursor::first(heads); item.rank < Tr; item.next(heads), ++items_done) {
+  for (WsCursor item = WsCursor::first(Tr); item.head < heads; item.next(Tr), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item.rank);
     const int q_row0 = it.row0 + w * kBr, n_blocks = it.n_blocks;
     int keys_seen[2];

@@ -125,14 +125,14 @@ inline int device_sm_count() {
 /// The kernel of steps 3-5: blocks of 128 rows and three warpgroups, or of
 /// 192 rows and four at d = 64, one block per SM (their registers and
 /// shared memory allow no second), each taking (Q block, head) items in
-/// turn (ws_item). Without a causal mask every item is the same work, and a
-/// persistent grid of one block per SM takes them all, as FlashAttention-3's
-/// tile scheduler does: a block copies its next item's Qi and first K/V
-/// tiles while it writes the last one's O, instead of a new block starting
-/// cold. Under a causal mask items differ up to Tr-fold and a fixed share
-/// per block would leave the SMs given the heavier ones last: there every
-/// item gets a block of its own, and the hardware hands them out, heaviest
-/// first, as SMs free up.
+/// turn (WsCursor). Without a causal mask every item is the same work, and
+/// a persistent grid of one block per SM takes them all, as
+/// FlashAttention-3's tile scheduler does: a block copies its next item's
+/// Qi and first K/V tiles while it finishes the last one, instead of a new
+/// block starting cold. Under a causal mask items differ up to Tr-fold and
+/// a fixed share per block would leave the SMs given the heavier ones last:
+/// there every item gets a block of its own, and the hardware hands them
+/// out, heaviest first, as SMs free up.
 template <typename Elem, int kHeadDim, Step kStep>
 void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   using C = WsConfig<kHeadDim, kStep>;
