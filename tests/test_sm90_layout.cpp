@@ -111,6 +111,28 @@ TEST_CASE("matrix descriptor: the fields of the PTX ISA's format round-trip") {
   CHECK(f.swizzle == sm90::Swizzle::k128B);
 }
 
+TEST_CASE("matrix descriptor: advancing one by a byte offset is the descriptor of the moved address") {
+  // Every 16-byte step a chain takes inside a block's 227 KiB, from any
+  // 1024-byte aligned start: the start field alone moves, LBO, SBO and the
+  // swizzle stay.
+  constexpr std::uint32_t kSmemLimit = 227 * 1024;
+  long checked = 0, wrong = 0;
+  for (std::uint32_t start = 0; start < kSmemLimit; start += 1024) {
+    for (std::uint32_t bytes = 0; start + bytes < kSmemLimit; bytes += 16) {
+      for (std::uint32_t lbo : {16u, 16384u}) {
+        const std::uint64_t base = sm90::make_descriptor(start, lbo, 1024, sm90::Swizzle::k128B);
+        ++checked;
+        if (sm90::advance_descriptor(base, bytes) !=
+            sm90::make_descriptor(start + bytes, lbo, 1024, sm90::Swizzle::k128B)) {
+          if (wrong++ == 0) CHECK_MESSAGE(false, "first at start ", start, " + ", bytes);
+        }
+      }
+    }
+  }
+  CHECK(checked > 0);
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("stage 08's descriptors name the elements its swizzled tiles hold, d = 64, 128, 256") {
   // Tiles as stage 08 lays them out (hopper.cuh): Qi [64 x D], Kj and Vj
   // [Bc x D] (Bc = key_tile(D): 128 keys at D = 64 and 128, 64 at 256), each

@@ -131,16 +131,19 @@ __device__ inline void load_tile(unsigned char* tile, const Elem* src, int rows_
 template <typename Elem, typename C, int kScaleA>
 __device__ inline void issue_qk(float (&S)[C::kSRegs], std::uint32_t q_addr,
                                 std::uint32_t k_addr) {
+  // LBO 16 bytes (unused by a K-major 128-byte swizzle), SBO one atom; each
+  // step's descriptor is the first one advanced by a constant.
+  const std::uint64_t a0 =
+      sm90::make_descriptor(q_addr, 16, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+  const std::uint64_t b0 =
+      sm90::make_descriptor(k_addr, 16, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
 #pragma unroll
   for (int kk = 0; kk < C::kQKSteps; ++kk) {
     const std::uint32_t step = kk / 4, in_row = kk % 4 * 2 * sm90::kWgmmaK;
-    // LBO 16 bytes (unused by a K-major 128-byte swizzle), SBO one atom.
     const std::uint64_t a =
-        sm90::make_descriptor(q_addr + step * kBr * sm90::kSwizzleRowBytes + in_row, 16,
-                              sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+        sm90::advance_descriptor(a0, step * kBr * sm90::kSwizzleRowBytes + in_row);
     const std::uint64_t b =
-        sm90::make_descriptor(k_addr + step * C::kBc * sm90::kSwizzleRowBytes + in_row, 16,
-                              sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+        sm90::advance_descriptor(b0, step * C::kBc * sm90::kSwizzleRowBytes + in_row);
     sm90::wgmma_m64nNk16_ss<Elem, C::kBc, kScaleA, 0>(S, a, b, kk > 0);
   }
   sm90::wgmma_commit();
@@ -194,14 +197,15 @@ template <typename Elem, typename C>
 __device__ inline void issue_pv(float (&O)[C::kOutChains][C::kORegs],
                                 const std::uint32_t (&a)[C::kPVSteps][4], std::uint32_t v_addr) {
   constexpr std::uint32_t kColBlockBytes = C::kBc * sm90::kSwizzleRowBytes;
+  const std::uint64_t b0 =
+      sm90::make_descriptor(v_addr, kColBlockBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
 #pragma unroll
   for (int c = 0; c < C::kOutChains; ++c) {
 #pragma unroll
     for (int kk = 0; kk < C::kPVSteps; ++kk) {
-      const std::uint64_t b = sm90::make_descriptor(
-          v_addr + c * (C::kOutN / sm90::kSwizzleRowElems) * kColBlockBytes +
-              kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes,
-          kColBlockBytes, sm90::kSwizzleAtomBytes, sm90::Swizzle::k128B);
+      const std::uint64_t b = sm90::advance_descriptor(
+          b0, c * (C::kOutN / sm90::kSwizzleRowElems) * kColBlockBytes +
+                  kk * sm90::kWgmmaK * sm90::kSwizzleRowBytes);
       sm90::wgmma_m64nNk16_rs<Elem, C::kOutN, 1>(O[c], a[kk], b, 1);
     }
   }
@@ -484,18 +488,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Step 3: warp specialization (FlashAttention-3 §3.1).
 //
 //   warpgroup 0, producer  setmaxnreg.dec 40 (32); thread 0 alone: for each
-//                          head, wait q_empty, TMA each consumer's 64 rows of
-//                          Qi -> q_full; for each K/V tile, wait empty[b],
-//                          TMA Kj, Vj -> full[b]
+//                          item (Q block, head) of the block, wait q_empty,
+//                          TMA each consumer's 64 rows of
+//                          Qi -> q_full; for each K/V tile, wait k_empty[b],
+//                          TMA Kj -> k_full[b], wait v_empty[b], TMA Vj -> v_full[b]
 //   warpgroups 1, 2 (, 3)  setmaxnreg.inc 232 (160); rows 64 (w - 1) .. of the
-//   consumers              block: wait q_full; for each tile wait full[b], S = Qi Kj^T,
-//                          softmax, O~ += P~ Vj, arrive on empty[b]; arrive on
-//                          q_empty; write O, L
+//   consumers              block: wait q_full; for each tile wait k_full[b],
+//                          S = Qi Kj^T, arrive on k_empty[b] (and, after the
+//                          item's last S, on q_empty), softmax, wait v_full[b],
+//                          O~ += P~ Vj, arrive on v_empty[b]; write O, L
 //
 // Two consumers, or three at d = 64 (consumer_warpgroups: blocks of 128 or
 // 192 rows; the registers in brackets). After the split no thread passes a
 // block barrier: the producer's other threads have returned, and every
-// hand-over is an mbarrier.
+// hand-over is an mbarrier. Kj and Vj have barriers of their own, as
+// FlashAttention-3's two pipelines: Kj's buffer is free once S is in, while
+// Vj's is held until O~ += P~ Vj is; in step 5, which holds Vj one tile
+// longer, a shared barrier would keep both buffers busy and the producer
+// could not copy ahead at all.
 
 /// What step 3 fixes at compile time: the names qk_product, pv_product and
 /// online_softmax read, for one consumer warpgroup's 64 rows.
@@ -504,6 +514,12 @@ struct WsConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kStep >= Step::kPingPong;
   static constexpr bool kOverlap = kStep >= Step::kIntraOverlap;
+  // Whether the consumers take turns on the tensor cores: from step 4 on,
+  // but for step 5's three consumers at d = 64, whose turns cost more than
+  // they hid in step 4 (a ring of three waits for its slowest member): they
+  // issue their products freely, as in step 3, each with its own softmax
+  // under its own P~ V.
+  static constexpr bool kTurns = kPingPong && !(kOverlap && kHeadDim <= 64);
   static constexpr int kBc = key_tile(kHeadDim);  // keys per K/V tile
   static constexpr int kSRegs = kBc / 2;          // S's fp32 accumulators per thread
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
@@ -519,8 +535,9 @@ struct WsConfig {
   static constexpr int kBlockRows = kConsumers * kBr;  // rows of Q per block
   static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
   static constexpr int kKVBytes = kBc * kHeadDim * 2;
-  // Barriers: q_full, q_empty, full[kStages], empty[kStages].
-  static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
+  // Barriers: q_full, q_empty, k_full[kStages], k_empty[kStages],
+  // v_full[kStages], v_empty[kStages].
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
   static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
                                     2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kSmemBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
@@ -549,21 +566,77 @@ struct WsSmem {
   }
   __device__ std::uint64_t* q_full() const { return barriers(); }      // Qi landed
   __device__ std::uint64_t* q_empty() const { return barriers() + 1; } // consumers done with Qi
-  __device__ std::uint64_t* full(int b) const { return barriers() + 2 + b; }
-  __device__ std::uint64_t* empty(int b) const { return barriers() + 2 + kStages + b; }
+  __device__ std::uint64_t* k_full(int b) const { return barriers() + 2 + b; }   // Kj landed
+  __device__ std::uint64_t* k_empty(int b) const {  // consumers done with Kj
+    return barriers() + 2 + kStages + b;
+  }
+  __device__ std::uint64_t* v_full(int b) const {  // Vj landed
+    return barriers() + 2 + 2 * kStages + b;
+  }
+  __device__ std::uint64_t* v_empty(int b) const {  // consumers done with Vj
+    return barriers() + 2 + 3 * kStages + b;
+  }
 };
 
+/// The work items of steps 3-5, a Q block of kBlockRows rows of one head
+/// each, numbered head by head: item head * Tr + rank, where rank counts Q
+/// blocks from the last (under a causal mask, the one that sees the most
+/// keys: heaviest first). Blocks running at once then hold consecutive
+/// items, mostly of one head, and share its Kj and Vj in L2; numbered
+/// rank-major instead (every head's heaviest block first), 132 blocks
+/// spread over all heads and read K and V from HBM: 5-10 % slower at
+/// d = 128 (the lead's A/B at 8f371f9). A block takes items blockIdx.x,
+/// blockIdx.x + gridDim.x, ... (launch_ws chooses the grid). The cursor
+/// keeps rank and head as counters in 32 bits (heads fit an int, as TMA's
+/// head coordinate does): a 64-bit division per item spilled the
+/// producer's 32 registers.
+struct WsCursor {
+  int rank;  // Q blocks from the last
+  int head;  // bh
+
+  __device__ static WsCursor first(int Tr) {
+    return {static_cast<int>(blockIdx.x) % Tr, static_cast<int>(blockIdx.x) / Tr};
+  }
+  __device__ void next(int Tr) {
+    rank += static_cast<int>(gridDim.x) % Tr;
+    head += static_cast<int>(gridDim.x) / Tr;
+    if (rank >= Tr) {
+      rank -= Tr;
+      ++head;
+    }
+  }
+};
+
+/// Item (rank, head)'s first row of Q, and the K/V blocks its last row sees
+/// (the rest lie above the causal diagonal and are skipped).
+struct WsItem {
+  int row0;
+  int n_blocks;
+};
+template <typename C, typename Elem>
+__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, int rank) {
+  const int row0 = (Tr - 1 - rank) * C::kBlockRows;
+  const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
+  const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
+  const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
+  return {row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
+}
+
 /// The producer: thread 0 of warpgroup 0 issues every copy of the block's
-/// heads, in the order the consumers use them. A buffer's t-th fill waits
-/// for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e. t % 2 ^ 1
-/// (on a fresh barrier, waiting for parity 1 returns at once).
+/// items, in the order the consumers use them: Kj, then Vj. A buffer's t-th
+/// fill waits for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e.
+/// t % 2 ^ 1 (on a fresh barrier, waiting for parity 1 returns at once).
+/// Kj's buffer is released first (once S is in), so the next Kj but one is
+/// on its way while this tile's Vj is still read.
 template <typename Elem, typename C>
-__device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, const WsSmem<C>& s,
-                               int q_row0, int n_blocks) {
-  unsigned tiles = 0, heads = 0;
-  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
-    const int head = static_cast<int>(bh);
-    sm90::mbarrier_wait(s.q_empty(), heads % 2 ^ 1);  // line 4
+__device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
+                               const WsSmem<C>& s) {
+  unsigned tiles = 0, items_done = 0;
+  const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  for (WsCursor item = WsCursor::first(Tr); item.head < heads; item.next(Tr), ++items_done) {
+    const WsItem it = ws_item<C>(p, Tr, item.rank);
+    const int q_row0 = it.row0, n_blocks = it.n_blocks, head = item.head;
+    sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
     // outside the tensor is not asked of TMA): it computes on whatever its
     // Qi tile holds, rows that are never written out.
@@ -580,41 +653,55 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps, co
 #pragma unroll 1
     for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {  // line 7
       const int b = tiles % kStages;
-      sm90::mbarrier_wait(s.empty(b), tiles / kStages % 2 ^ 1);
-      sm90::mbarrier_arrive_expect_tx(s.full(b), 2 * C::kKVBytes);
+      const unsigned parity = tiles / kStages % 2 ^ 1;
+      sm90::mbarrier_wait(s.k_empty(b), parity);
+      sm90::mbarrier_arrive_expect_tx(s.k_full(b), C::kKVBytes);
       for (int cb = 0; cb < C::kColBlocks; ++cb) {
-        sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.full(b),
+        sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.k_full(b),
                           64 * cb, j * C::kBc, head);
-        sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.full(b),
+      }
+      sm90::mbarrier_wait(s.v_empty(b), parity);
+      sm90::mbarrier_arrive_expect_tx(s.v_full(b), C::kKVBytes);
+      for (int cb = 0; cb < C::kColBlocks; ++cb) {
+        sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.v_full(b),
                           64 * cb, j * C::kBc, head);
       }
     }
   }
 }
 
-/// Step 5's tile loop for one consumer and head (FlashAttention-3,
-/// Algorithm 2): the product S_next = Qi K_j^T is issued together with
-/// O~ += P~_{j+1} V_{j+1} of the tile before, and the softmax of S_next runs
-/// while the second is in flight; O~'s rescale by the new factors waits for
-/// it. Row for row the same operations in the same order as steps 1-4:
-/// O~ is rescaled by tile j + 1's factors before P~_{j+1} V_{j+1} is added,
-/// and by tile j's after. Costs P~_{j+1} in Bc / 4 packed registers (32 at
-/// Bc = 128) beside S_j.
-template <typename Elem, typename C, typename Turn, typename Pass>
-__device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& s,
-                                        std::uint32_t q_addr, int n_blocks, int unmasked_keys,
-                                        const int (&keys_seen)[2], unsigned& tiles,
-                                        float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
-                                        float (&l)[2], Turn my_turn, Pass your_turn) {
-  if (n_blocks == 0) return;
+/// Steps 4-5's tile loop for one consumer and head (FlashAttention-3's
+/// mainloop): one turn on the tensor cores per K/V tile, in which the
+/// consumer issues both products of an iteration back to back, S_j = Qi K_j^T
+/// and O~ += P~_{j+1} V_{j+1} of the tile before, then passes the turn on;
+/// the other consumers' softmax runs under these two products, and this
+/// one's under theirs. Step 4 waits for both products before the softmax of
+/// S_j; step 5 (FlashAttention-3 Algorithm 2) waits for S_j alone
+/// (wgmma_wait<1>), runs its softmax while P~_{j+1} V_{j+1} is still in
+/// flight, and rescales O~ by the new factors after that product is in
+/// (wgmma_wait<0>), off the path from one S to the next. Row for row the
+/// same operations in the same order as step 3: O~ is rescaled by tile
+/// j + 1's factors before P~_{j+1} V_{j+1} is added, and by tile j's after.
+/// Costs P~_{j+1} in Bc / 4 packed registers (32 at Bc = 128) beside S_j.
+/// `tiles` counts the K/V tiles consumed so far; the buffer phases follow.
+/// release_q() is called once the last S is in: Qi is read no more.
+template <typename Elem, typename C, typename Turn, typename Pass, typename Release>
+__device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s,
+                                       std::uint32_t q_addr, int n_blocks, int unmasked_keys,
+                                       const int (&keys_seen)[2], unsigned& tiles,
+                                       float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
+                                       float (&l)[2], Turn my_turn, Pass your_turn,
+                                       Release release_q) {
   float alpha[2];
   // The last visited tile alone: its scores, softmax and rescale.
   float S[C::kSRegs];
   int b_prev = tiles % kStages;
-  sm90::mbarrier_wait(s.full(b_prev), tiles / kStages % 2);
+  sm90::mbarrier_wait(s.k_full(b_prev), tiles / kStages % 2);
   my_turn();
   qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b_prev)), p.negate_q);
   your_turn();
+  sm90::mbarrier_arrive(s.k_empty(b_prev));
+  if (n_blocks == 1) release_q();
   if (unmasked_keys - (n_blocks - 1) * C::kBc < C::kBc) {
     mask_scores(S, (n_blocks - 1) * C::kBc, keys_seen);
   }
@@ -625,7 +712,8 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
     const int b = tiles % kStages;
     std::uint32_t a[C::kPVSteps][4];
     pack_p<Elem, C>(a, S);  // P~_{j+1}, before the fence
-    sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+    sm90::mbarrier_wait(s.k_full(b), tiles / kStages % 2);
+    sm90::mbarrier_wait(s.v_full(b_prev), (tiles - 1) / kStages % 2);
     my_turn();
     // Group 1: S_j; group 2: O~ += P~_{j+1} V_{j+1}. The scale's sign is
     // tested outside the fence and the chains (a branch between them makes
@@ -642,22 +730,41 @@ __device__ inline void overlapped_tiles(const Params<Elem>& p, const WsSmem<C>& 
       issue_pv<Elem, C>(O, a, v_addr);
     }
     your_turn();
-    sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
-    sm90::fence_accumulators(S);
-    if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
-    const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
-    sm90::wgmma_wait<0>();
+    // Waits for P~_{j+1} V_{j+1} (step 5) and frees V_{j+1}'s buffer. It
+    // is called in both arms of the branch on the softmax's vote below, not
+    // after the softmax in the same block: there ptxas scheduled the wait
+    // ahead of the whole softmax (WARPGROUP.DEPBAR.LE gsb0, 0x0 before the
+    // first SHFL in the SASS), and the softmax never ran under the product.
+    // Behind a branch that needs the softmax's vote, it stays after it.
+    auto finish_pv = [&] {
+      if constexpr (C::kOverlap) sm90::wgmma_wait<0>();
 #pragma unroll
-    for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
-    sm90::mbarrier_arrive(s.empty(b_prev));  // done with tile j + 1's buffer
-    if (moved) rescale_output<C>(O, alpha);
+      for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
+      sm90::mbarrier_arrive(s.v_empty(b_prev));  // done with V_{j+1}
+    };
+    if constexpr (C::kOverlap) {
+      sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
+    } else {
+      sm90::wgmma_wait<0>();  // both are in
+    }
+    sm90::fence_accumulators(S);
+    sm90::mbarrier_arrive(s.k_empty(b));  // done with K_j
+    if (j == 0) release_q();
+    if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
+    if (softmax_scores(S, m, l, alpha, p.scale_log2)) {
+      finish_pv();
+      rescale_output<C>(O, alpha);
+    } else {
+      finish_pv();
+    }
     b_prev = b;
   }
   // The first tile's product.
+  sm90::mbarrier_wait(s.v_full(b_prev), (tiles - 1) / kStages % 2);
   my_turn();
   pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b_prev)));
   your_turn();
-  sm90::mbarrier_arrive(s.empty(b_prev));
+  sm90::mbarrier_arrive(s.v_empty(b_prev));
 }
 
 /// The first of step 4's named barriers, one per consumer (0 is
@@ -667,37 +774,41 @@ inline constexpr int kTurn = 1;
 /// arrivals of the one that passes it the turn.
 inline constexpr int kTurnThreads = 2 * kThreads;
 
-/// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows q_row0 ..
-/// q_row0 + 63 of every head of the block, on the buffers the producer fills.
+/// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows 64 w .. 64 w + 63
+/// of every item of the block, on the buffers the producer fills.
 template <typename Elem, typename C>
-__device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w, int q_row0,
-                               int n_blocks) {
+__device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w) {
   const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   auto keys_seen_by = [&](std::int64_t row) -> int {
     if (!p.causal) return p.Nk;
     const std::int64_t seen = row + 1 + p.Nk - p.Nq;
     return static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
   };
-  int keys_seen[2];
-  for (int h = 0; h < 2; ++h) {
-    keys_seen[h] = keys_seen_by(static_cast<std::int64_t>(q_row0) + 16 * warp + lane / 4 + 8 * h);
-  }
-  const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
   const std::uint32_t q_addr = sm90::smem_address(s.Qi(w));
   // Step 4's token, passed round the consumers 0, 1, (2,) 0, ...: consumer
   // w may use the tensor cores once its barrier kTurn + w has seen its own
   // 128 threads and the previous consumer's 128 arrivals; it passes the
-  // token on with an arrival at the next one's.
+  // token on with an arrival at the next one's. Step 3 takes no turns, nor
+  // does step 5 at d = 64 (WsConfig::kTurns).
   auto my_turn = [&] {
-    if constexpr (C::kPingPong) sm90::named_barrier_sync(kTurn + w, kTurnThreads);
+    if constexpr (C::kTurns) sm90::named_barrier_sync(kTurn + w, kTurnThreads);
   };
   auto your_turn = [&] {
-    if constexpr (C::kPingPong) {
+    if constexpr (C::kTurns) {
       sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
     }
   };
-  unsigned tiles = 0, heads = 0;
-  for (std::int64_t bh = blockIdx.y; bh < p.heads; bh += gridDim.y, ++heads) {
+  unsigned tiles = 0, items_done = 0;
+  const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  for (WsCursor item = WsCursor::first(Tr); item.head < heads; item.next(Tr), ++items_done) {
+    const WsItem it = ws_item<C>(p, Tr, item.rank);
+    const int q_row0 = it.row0 + w * kBr, n_blocks = it.n_blocks;
+    int keys_seen[2];
+    for (int h = 0; h < 2; ++h) {
+      keys_seen[h] =
+          keys_seen_by(static_cast<std::int64_t>(q_row0) + 16 * warp + lane / 4 + 8 * h);
+    }
+    const int unmasked_keys = keys_seen_by(q_row0);  // the fewest any of these rows sees
     float O[C::kOutChains][C::kORegs];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -705,56 +816,45 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w,
 #pragma unroll
       for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
     }
-    sm90::mbarrier_wait(s.q_full(), heads % 2);
+    sm90::mbarrier_wait(s.q_full(), items_done % 2);
     if (w == C::kConsumers - 1) your_turn();  // consumer 0 goes first
-    if constexpr (C::kOverlap) {
-      overlapped_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
-                                my_turn, your_turn);
+    // Done with Qi once the item's last S is in (at once when it has no
+    // tile): the producer copies the next item's Qi under this item's last
+    // softmax, last P~ V and the writing of O.
+    auto release_q = [&] { sm90::mbarrier_arrive(s.q_empty()); };
+    if (n_blocks == 0) {
+      release_q();
+    } else if constexpr (C::kPingPong) {
+      ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
+                               my_turn, your_turn, release_q);
     } else {
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
         const int key0 = j * C::kBc;
         const int b = tiles % kStages;
-        sm90::mbarrier_wait(s.full(b), tiles / kStages % 2);
+        const unsigned parity = tiles / kStages % 2;
+        sm90::mbarrier_wait(s.k_full(b), parity);
         float S[C::kSRegs];
-        my_turn();
         qk_product<Elem, C>(S, q_addr, sm90::smem_address(s.Kj(b)), p.negate_q);
-        your_turn();  // the other consumer's product runs under this softmax
+        sm90::mbarrier_arrive(s.k_empty(b));  // this thread's product is done with Kj
+        if (j == 0) release_q();
         if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
         online_softmax<C>(S, O, m, l, p.scale_log2);
-        my_turn();
+        sm90::mbarrier_wait(s.v_full(b), parity);
         pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b)));
-        your_turn();
-        sm90::mbarrier_arrive(s.empty(b));  // this thread's products are done with buffer b
+        sm90::mbarrier_arrive(s.v_empty(b));  // and with Vj
       }
     }
     // Consumer 0 takes the turn the last consumer passed last (or first,
     // when there is no tile): every arrival on a turn barrier is matched.
     if (w == 0) my_turn();
-    sm90::mbarrier_arrive(s.q_empty());   // and with Qi
-    write_output<Elem, C>(p, bh, q_row0, O, m, l);
+    write_output<Elem, C>(p, item.head, q_row0, O, m, l);
   }
 }
 
-/// This block's first row of Q, and the K/V blocks its last row sees (the
-/// rest lie above the causal diagonal and are skipped).
-struct WsBlock {
-  int row0;
-  int n_blocks;
-};
-template <typename C, typename Elem>
-__device__ inline WsBlock ws_block(const Params<Elem>& p) {
-  const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  const int row0 = (Tr - 1 - static_cast<int>(blockIdx.x)) * C::kBlockRows;  // heaviest first
-  const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
-  const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
-  const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
-  return {row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
-}
-
-/// Step 3's kernel: one block of three warpgroups per (Q block of 128
-/// rows, head), four per (192 rows, head) at d = 64. The register cap at
-/// entry (384 threads at one block per SM: 168 each; 512: 128) is what
-/// setmaxnreg redistributes.
+/// Step 3's kernel: blocks of three warpgroups, each taking (Q block of 128
+/// rows, head) items, or of four taking (192 rows, head) at d = 64. The
+/// register cap at entry (384 threads at one block per SM: 168 each; 512:
+/// 128) is what setmaxnreg redistributes.
 template <typename Elem, typename C>
 __global__ void __launch_bounds__(C::kBlockThreads, 1)
     hopper_ws_kernel(const Params<Elem> p, const __grid_constant__ TensorMaps maps) {
@@ -765,26 +865,23 @@ __global__ void __launch_bounds__(C::kBlockThreads, 1)
     sm90::mbarrier_init(s.q_full(), 1);
     sm90::mbarrier_init(s.q_empty(), C::kConsumerThreads);
     for (int b = 0; b < kStages; ++b) {
-      sm90::mbarrier_init(s.full(b), 1);
-      sm90::mbarrier_init(s.empty(b), C::kConsumerThreads);
+      sm90::mbarrier_init(s.k_full(b), 1);
+      sm90::mbarrier_init(s.k_empty(b), C::kConsumerThreads);
+      sm90::mbarrier_init(s.v_full(b), 1);
+      sm90::mbarrier_init(s.v_empty(b), C::kConsumerThreads);
     }
     sm90::fence_proxy_async_shared();  // the copy engine sees the initialized barriers
   }
   __syncthreads();  // the last block-wide barrier: the roles split here
   // Nothing computed above lives past setmaxnreg (the producer keeps 40 or
   // 32 registers: what lived longer would be spilled), so each role works
-  // out its rows and K/V blocks for itself.
+  // out its items' rows and K/V blocks for itself.
   if (threadIdx.x / kThreads == 0) {
     sm90::setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x == 0) {
-      const WsBlock blk = ws_block<C>(p);
-      produce<Elem, C>(p, maps, s, blk.row0, blk.n_blocks);
-    }
+    if (threadIdx.x == 0) produce<Elem, C>(p, maps, s);
   } else {
     sm90::setmaxnreg_inc<C::kConsumerRegs>();
-    const WsBlock blk = ws_block<C>(p);
-    const int w = threadIdx.x / kThreads - 1;
-    consume<Elem, C>(p, s, w, blk.row0 + w * kBr, blk.n_blocks);
+    consume<Elem, C>(p, s, threadIdx.x / kThreads - 1);
   }
 #endif
 }

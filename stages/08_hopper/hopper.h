@@ -12,14 +12,18 @@
 
 namespace flashstep::hopper {
 
-/// Grid y holds at most 65535 blocks; beyond that one block takes several heads.
+/// Grid y holds at most 65535 blocks; beyond that one block takes several
+/// heads (steps 1-2).
 inline constexpr std::int64_t kMaxGridY = 65535;
+/// Grid x holds at most 2^31 - 1 blocks; beyond that one block takes several
+/// items (steps 3-5).
+inline constexpr std::int64_t kMaxGridX = 2147483647;
 
 /// The forward of one step, bf16 or fp16: one thread block per (Q block,
-/// head), of one warpgroup and 64 rows (steps 1-2) or of a producer and two
-/// consumer warpgroups and 128 rows (steps 3-5; three and 192 rows at
-/// d = 64). Defined in the step's own
-/// .cu file.
+/// head), of one warpgroup and 64 rows (steps 1-2), or blocks of a producer
+/// and two consumer warpgroups taking (Q block of 128 rows, head) items, one
+/// block per SM without a causal mask (steps 3-5; three consumers and 192
+/// rows at d = 64). Defined in the step's own .cu file.
 template <Step kStep>
 void forward(const Problem& p, const ForwardTensors& t, Stream stream);
 

@@ -113,8 +113,26 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   launch_with_smem(hopper_kernel<Elem, C>, grid, kThreads, C::kSmemBytes, stream, what, prm, maps);
 }
 
+/// The SMs of the current device: the persistent grid's size.
+inline int device_sm_count() {
+  int device = 0, sms = 0;
+  cuda_check(cudaGetDevice(&device), "stage 08: cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "stage 08: SM count");
+  return sms;
+}
+
 /// The kernel of steps 3-5: blocks of 128 rows and three warpgroups, or of
-/// 192 rows and four at d = 64.
+/// 192 rows and four at d = 64, one block per SM (their registers and
+/// shared memory allow no second), each taking (Q block, head) items in
+/// turn (WsCursor). Without a causal mask every item is the same work, and
+/// a persistent grid of one block per SM takes them all, as
+/// FlashAttention-3's tile scheduler does: a block copies its next item's
+/// Qi and first K/V tiles while it finishes the last one, instead of a new
+/// block starting cold. Under a causal mask items differ up to Tr-fold and
+/// a fixed share per block would leave the SMs given the heavier ones last:
+/// there every item gets a block of its own, and the hardware hands them
+/// out, heaviest first, as SMs free up.
 template <typename Elem, int kHeadDim, Step kStep>
 void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   using C = WsConfig<kHeadDim, kStep>;
@@ -123,8 +141,10 @@ void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const c
   maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
   maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d, C::kBc);
   maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
-  const std::int64_t Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  const dim3 grid(static_cast<unsigned>(Tr), static_cast<unsigned>(std::min(p.heads(), kMaxGridY)));
+  const std::int64_t items = ((p.Nq - 1) / C::kBlockRows + 1) * p.heads();
+  const std::int64_t blocks =
+      std::min<std::int64_t>(p.causal ? items : device_sm_count(), items);
+  const dim3 grid(static_cast<unsigned>(std::min(blocks, kMaxGridX)));
   launch_with_smem(hopper_ws_kernel<Elem, C>, grid, C::kBlockThreads, C::kSmemBytes, stream, what,
                    prm, maps);
 }

@@ -27,14 +27,16 @@ enum class Step : int {
   ///   mbarriers, never by a block barrier.
   kWarpSpecialized = 3,
   /// + ping-pong (FlashAttention-3 §3.1): the consumer warpgroups take
-  ///   turns on the tensor cores, a token passed round them on named barriers
-  ///   around each product, so that one's softmax runs while another's
-  ///   wgmma does.
+  ///   turns on the tensor cores, a token passed round them on named
+  ///   barriers once per K/V tile: in its turn a consumer issues both
+  ///   products of an iteration back to back, S_j = Qi K_j^T and
+  ///   O~ += P~_{j+1} V_{j+1}, passes the token on, and waits for both; its
+  ///   softmax runs while the others' products do.
   kPingPong = 4,
   /// + intra-warpgroup overlap (FlashAttention-3 §3.2, Algorithm 2): each
-  ///   consumer issues S_next = Qi K_{j}^T and O~ += P~_{j+1} V_{j+1}
-  ///   together, and runs the softmax of S_next while the second product is
-  ///   in flight; O~'s rescale waits for it.
+  ///   consumer waits for S_j alone and runs its softmax while its own
+  ///   O~ += P~_{j+1} V_{j+1} is still in flight; O~'s rescale waits for it.
+  ///   At d = 64 its three consumers take no turns (hopper.cuh, kTurns).
   kIntraOverlap = 5,
 };
 

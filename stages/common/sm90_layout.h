@@ -141,6 +141,18 @@ FLASHSTEP_HOST_DEVICE constexpr std::uint64_t make_descriptor(std::uint32_t smem
          static_cast<std::uint64_t>(static_cast<int>(swizzle)) << 62;
 }
 
+/// The descriptor of the same operand `bytes` (a multiple of 16) further on
+/// in shared memory: make_descriptor(a + bytes, ...) as long as a + bytes
+/// stays below the 256 KiB the 18-bit address spans, where the start field
+/// (bits 0-13) cannot carry into LBO. Only the low 32 bits change, by a
+/// constant, so a wgmma chain builds its descriptor once and adds one
+/// integer per instruction, instead of masking and shifting each address
+/// (CUTLASS's descriptor iterator does the same).
+FLASHSTEP_HOST_DEVICE constexpr std::uint64_t advance_descriptor(std::uint64_t desc,
+                                                                 std::uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | static_cast<std::uint32_t>(desc + (bytes >> 4));
+}
+
 /// The fields of a descriptor, back in bytes: for the tests, and to read one.
 struct DescriptorFields {
   std::uint32_t start;  ///< start address, bytes

@@ -800,8 +800,9 @@ STEP_ADDS08 = {
                            "by the threads",
     "08_step2_tma_pipeline": "+ TMA copies on mbarriers, two K/V buffers",
     "08_step3_warp_specialized": "+ a producer warpgroup and two consumers (setmaxnreg)",
-    "08_step4_ping_pong": "+ ping-pong: one consumer's softmax under the other's wgmma",
-    HOPPER: "+ the softmax under the next products inside each consumer",
+    "08_step4_ping_pong": "+ ping-pong, one turn per K/V tile: one consumer's softmax under "
+                          "the others' wgmma",
+    HOPPER: "+ each consumer's softmax under its own P~ V",
 }
 STEP_COUNTER08 = {
     TENSOR_CORE: ("tensor_active_pct", "tensor pipe active (mma.sync), %"),
