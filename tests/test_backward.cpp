@@ -170,6 +170,14 @@ Grads stage07_mirror_grads(const Problem& p, const flashstep::Inputs& in,
   return g;
 }
 
+/// The 16-bit gradient rule on the mirror's gradients g, the naive backward
+/// reading g's O (the forward's output the backward read).
+flashstep::BackwardCheck check_rule(const Problem& p, const flashstep::Inputs& in,
+                                    const std::vector<float>& dO, const Grads& g) {
+  const auto truth = flashstep::backward_truth(p, in, dO, &g.O);
+  return flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+}
+
 }  // namespace
 
 TEST_CASE("stage 07's backward mirror, on its forward mirror's O and L, passes the fp16/bf16 rule") {
@@ -182,8 +190,7 @@ TEST_CASE("stage 07's backward mirror, on its forward mirror's O and L, passes t
       const auto in = flashstep::random_inputs(p, seed++);
       const auto dO = flashstep::random_output_grad(p, seed++);
       const auto g = stage07_mirror_grads(p, in, dO, 0.0f);
-      const auto truth = flashstep::backward_truth(p, in, dO, &g.O);
-      const auto c = flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+      const auto c = check_rule(p, in, dO, g);
       CHECK_MESSAGE(c.ok(), c.summary());
       // Rows that see no key: dQ exactly 0.
       for (std::int64_t bh = 0; bh < p.heads(); ++bh) {
@@ -211,8 +218,7 @@ TEST_CASE("stage 07's backward mirror on grouped heads: dQ as the expanded probl
     const auto in = flashstep::random_inputs(p, seed++);
     const auto dO = flashstep::random_output_grad(p, seed++);
     const auto g = stage07_mirror_grads(p, in, dO, 0.0f);
-    const auto truth = flashstep::backward_truth(p, in, dO, &g.O);
-    const auto c = flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+    const auto c = check_rule(p, in, dO, g);
     CHECK_MESSAGE(c.ok(), c.summary());
     flashstep::Inputs expanded = in;
     expanded.K = flashstep::test::expand_heads(p, in.K);
@@ -230,8 +236,7 @@ TEST_CASE("stage 07's backward mirror with L off by 0.05 (P off by 5%) fails the
     const auto in = flashstep::random_inputs(p, 77);
     const auto dO = flashstep::random_output_grad(p, 78);
     const auto g = stage07_mirror_grads(p, in, dO, 0.05f);
-    const auto truth = flashstep::backward_truth(p, in, dO, &g.O);
-    const auto c = flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+    const auto c = check_rule(p, in, dO, g);
     CHECK_FALSE(c.ok());
     CHECK_FALSE(c.dV.c.ok());
   }
@@ -269,8 +274,7 @@ TEST_CASE("stage 07's backward mirror at d = 1 and 16: passes when the naive rea
     const auto in = flashstep::random_inputs(p, k.seed);
     const auto dO = flashstep::random_output_grad(p, k.seed + 1);
     const auto g = stage07_mirror_grads(p, in, dO, 0.0f);
-    const auto truth = flashstep::backward_truth(p, in, dO, &g.O);
-    const auto c = flashstep::check_backward(p, g.dQ.data(), g.dK.data(), g.dV.data(), truth);
+    const auto c = check_rule(p, in, dO, g);
     CHECK_MESSAGE(c.ok(), c.summary());
     // The same gradients against a naive reading its own O: the false failure.
     const auto own = flashstep::backward_truth(p, in, dO);
