@@ -113,15 +113,6 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   launch_with_smem(hopper_kernel<Elem, C>, grid, kThreads, C::kSmemBytes, stream, what, prm, maps);
 }
 
-/// The SMs of the current device: the persistent grid's size.
-inline int device_sm_count() {
-  int device = 0, sms = 0;
-  cuda_check(cudaGetDevice(&device), "stage 08: cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "stage 08: SM count");
-  return sms;
-}
-
 /// The kernel of steps 3-5: blocks of 128 rows and three warpgroups, or of
 /// 192 rows and four at d = 64, one block per SM (their registers and
 /// shared memory allow no second), each taking (Q block, head) items in

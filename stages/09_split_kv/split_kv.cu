@@ -828,14 +828,6 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
   }
 }
 
-int device_sm_count() {
-  int device = 0, sms = 0;
-  cuda_check(cudaGetDevice(&device), "stage 09: cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "stage 09: SM count");
-  return sms;
-}
-
 template <int kD, typename Elem>
 void launch_split(const Params<Elem>& prm, Stream stream) {
   const dim3 grid(static_cast<unsigned>(std::min(prm.row_tiles * prm.splits, kMaxGridX)),

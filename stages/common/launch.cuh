@@ -1,7 +1,7 @@
 /// \file launch.cuh
 /// \brief Launching a kernel that needs more than the default 48 KiB of
-/// dynamic shared memory, the same way in every tiled stage. Host code in .cu
-/// files only.
+/// dynamic shared memory, the same way in every tiled stage, and the SM count
+/// a grid is sized by. Host code in .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +25,15 @@ void launch_with_smem(void (*kernel)(Params...), dim3 grid, int threads, std::si
              (std::string(what) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)").c_str());
   kernel<<<grid, threads, smem_bytes, stream>>>(args...);
   check_launch(what);
+}
+
+/// The current device's SMs: what a persistent grid (stage 08) or a wave of
+/// split blocks (stage 09) is sized by.
+inline int device_sm_count() {
+  int device = 0, sms = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  return sms;
 }
 
 }  // namespace flashstep
