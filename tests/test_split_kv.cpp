@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "09_split_kv/split_kv.h"
@@ -87,14 +88,14 @@ TEST_CASE("stage 09's split rule by hand") {
   p.B = 1;
   p.H_kv = 1;
   p.d = 128;
-  CHECK(sk::make_plan(p, 132).splits == 128);
-  p.Nk = 65536;
-  CHECK(sk::make_plan(p, 132).splits == 128);
-  p.Nk = 196608;
-  CHECK(sk::make_plan(p, 132).splits == 192);
-  p.Nk = 262144;
-  CHECK(sk::make_plan(p, 132).splits == sk::kMaxSplits);
-  p.Nk = 32768;
+  for (auto [Nk, splits] : {std::pair<std::int64_t, std::int64_t>{32768, 128},
+                            {65536, 128},
+                            {196608, 192},
+                            {262144, sk::kMaxSplits}}) {
+    p.Nk = Nk;
+    CAPTURE(Nk);
+    CHECK(sk::make_plan(p, 132).splits == splits);
+  }
   // Few keys: at least kMinKeysPerSplit (256) a split.
   p.H_kv = 8;
   p.Nk = 1000;
