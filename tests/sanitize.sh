@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# compute-sanitizer over every selected stage at two ragged shapes, causal and
+# compute-sanitizer over every selected stage at three ragged shapes, causal and
 # not: memcheck, racecheck, initcheck, synccheck. Each run launches the stage
 # once (--iters 0), and its backward too when it has one (--backward). Prints one line per run and a summary; exits non-zero on
 # any finding. Each stage runs in its native element type; SANITIZE_FLAGS adds
@@ -15,7 +15,10 @@ exe="$build/stages/cli/flashstep"
 read -r -a extra <<<"${SANITIZE_FLAGS:-}"
 names=$("$exe" model --stage "$stages" "${extra[@]}" --format csv | tail -n +2 | cut -d, -f1)
 with_backward=" $("$exe" model --backward "${extra[@]}" --format csv 2>/dev/null | tail -n +2 | cut -d, -f1 | tr '\n' ' ')"
-shapes=("--B 1 --H 2 --Nq 113 --Nk 203 --d 40" "--B 2 --H 1 --Nq 239 --Nk 97 --d 128")
+# d = 128 twice: Nk = 97 is one partial K/V tile, Nk = 300 several (the tile
+# loops of the Hopper stage only run with two or more).
+shapes=("--B 1 --H 2 --Nq 113 --Nk 203 --d 40" "--B 2 --H 1 --Nq 239 --Nk 97 --d 128"
+        "--B 1 --H 1 --Nq 150 --Nk 300 --d 128")
 runs=0 bad=0
 for stage in $names; do
   for shape in "${shapes[@]}"; do

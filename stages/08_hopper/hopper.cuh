@@ -685,13 +685,14 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
 /// Costs P~_{j+1} in Bc / 4 packed registers (32 at Bc = 128) beside S_j.
 /// `tiles` counts the K/V tiles consumed so far; the buffer phases follow.
 /// release_q() is called once the last S is in: Qi is read no more.
-template <typename Elem, typename C, typename Turn, typename Pass, typename Release>
+template <typename Elem, typename C, typename Turn, typename Pass, typename Release,
+          typename Vote>
 __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s,
                                        std::uint32_t q_addr, int n_blocks, int unmasked_keys,
                                        const int (&keys_seen)[2], unsigned& tiles,
                                        float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
                                        float (&l)[2], Turn my_turn, Pass your_turn,
-                                       Release release_q) {
+                                       Release release_q, Vote any_in_warpgroup) {
   float alpha[2];
   // The last visited tile alone: its scores, softmax and rescale.
   float S[C::kSRegs];
@@ -735,7 +736,11 @@ __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s
     // after the softmax in the same block: there ptxas scheduled the wait
     // ahead of the whole softmax (WARPGROUP.DEPBAR.LE gsb0, 0x0 before the
     // first SHFL in the SASS), and the softmax never ran under the product.
-    // Behind a branch that needs the softmax's vote, it stays after it.
+    // Behind a branch that needs the softmax's vote, it stays after it. The
+    // wait is .aligned: all four warps of the warpgroup must reach the same
+    // instruction, so in step 5 the vote is the warpgroup's, not the warp's
+    // (compute-sanitizer's synccheck caught warps of one consumer in
+    // different arms).
     auto finish_pv = [&] {
       if constexpr (C::kOverlap) sm90::wgmma_wait<0>();
 #pragma unroll
@@ -751,7 +756,8 @@ __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s
     sm90::mbarrier_arrive(s.k_empty(b));  // done with K_j
     if (j == 0) release_q();
     if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
-    if (softmax_scores(S, m, l, alpha, p.scale_log2)) {
+    const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
+    if (C::kOverlap ? any_in_warpgroup(moved) : moved) {
       finish_pv();
       rescale_output<C>(O, alpha);
     } else {
@@ -773,6 +779,11 @@ inline constexpr int kTurn = 1;
 /// Threads a turn barrier counts: the waiting consumer's 128 and the 128
 /// arrivals of the one that passes it the turn.
 inline constexpr int kTurnThreads = 2 * kThreads;
+/// The first of step 5's vote barriers, one per consumer after the turn
+/// barriers: consumer w's four warps agree on kVote + w whether any of their
+/// rows moved its max. After the most turn barriers any step uses (three
+/// consumers, at d = 64).
+inline constexpr int kVote = kTurn + consumer_warpgroups(Step::kIntraOverlap, 64);
 
 /// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows 64 w .. 64 w + 63
 /// of every item of the block, on the buffers the producer fills.
@@ -797,6 +808,10 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     if constexpr (C::kTurns) {
       sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
     }
+  };
+  // Step 5's vote: whether any row of the consumer moved its max.
+  auto any_in_warpgroup = [&](bool c) {
+    return sm90::named_barrier_any(kVote + w, kThreads, c);
   };
   unsigned tiles = 0, items_done = 0;
   const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
@@ -826,7 +841,7 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
       release_q();
     } else if constexpr (C::kPingPong) {
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
-                               my_turn, your_turn, release_q);
+                               my_turn, your_turn, release_q, any_in_warpgroup);
     } else {
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
         const int key0 = j * C::kBc;
