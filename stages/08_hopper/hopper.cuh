@@ -677,24 +677,25 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
 /// the other consumers' softmax runs under these two products, and this
 /// one's under theirs. Step 4 waits for both products before the softmax of
 /// S_j; step 5 (FlashAttention-3 Algorithm 2) waits for S_j alone
-/// (wgmma_wait<1>), runs its softmax while P~_{j+1} V_{j+1} is still in
-/// flight, and rescales O~ by the new factors after that product is in
-/// (wgmma_wait<0>), off the path from one S to the next. Row for row the
+/// (wgmma_wait<1>) and runs its softmax while P~_{j+1} V_{j+1} is still in
+/// flight. Both steps finish that product at the top of the next iteration:
+/// wait for it (wgmma_wait<0>), free V_{j+1}'s buffer, then rescale O~ by
+/// tile j's factors, off the path from one S to the next. Row for row the
 /// same operations in the same order as step 3: O~ is rescaled by tile
 /// j + 1's factors before P~_{j+1} V_{j+1} is added, and by tile j's after.
 /// Costs P~_{j+1} in Bc / 4 packed registers (32 at Bc = 128) beside S_j.
 /// `tiles` counts the K/V tiles consumed so far; the buffer phases follow.
 /// release_q() is called once the last S is in: Qi is read no more.
-template <typename Elem, typename C, typename Turn, typename Pass, typename Release,
-          typename Vote>
+template <typename Elem, typename C, typename Turn, typename Pass, typename Release>
 __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s,
                                        std::uint32_t q_addr, int n_blocks, int unmasked_keys,
                                        const int (&keys_seen)[2], unsigned& tiles,
                                        float (&O)[C::kOutChains][C::kORegs], float (&m)[2],
                                        float (&l)[2], Turn my_turn, Pass your_turn,
-                                       Release release_q, Vote any_in_warpgroup) {
+                                       Release release_q) {
+  // The last visited tile alone: its scores and softmax (O~ is still zero,
+  // nothing to rescale).
   float alpha[2];
-  // The last visited tile alone: its scores, softmax and rescale.
   float S[C::kSRegs];
   int b_prev = tiles % kStages;
   sm90::mbarrier_wait(s.k_full(b_prev), tiles / kStages % 2);
@@ -706,15 +707,32 @@ __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s
   if (unmasked_keys - (n_blocks - 1) * C::kBc < C::kBc) {
     mask_scores(S, (n_blocks - 1) * C::kBc, keys_seen);
   }
-  if (softmax_scores(S, m, l, alpha, p.scale_log2)) rescale_output<C>(O, alpha);
+  softmax_scores(S, m, l, alpha, p.scale_log2);
   ++tiles;
+  // The previous iteration's O~ += P~ V, waited for here, after this
+  // iteration's barrier waits, not at the end of its own iteration: there
+  // ptxas scheduled the wait ahead of the whole softmax (WARPGROUP.DEPBAR.LE
+  // gsb0, 0x0 before the first SHFL in the SASS), and step 5's softmax ran
+  // under nothing. The barrier waits are loops, which ptxas does not move it
+  // across. The wait is .aligned, and so unconditional: all four warps of
+  // the warpgroup reach it at one instruction (the rescale below is per warp,
+  // on the warp's own vote). Its V tile sits in buffer (tiles - 2) % kStages.
+  bool moved = false;  // whether O~ owes a rescale by alpha
+  auto finish_pv = [&] {
+    sm90::wgmma_wait<0>();
+#pragma unroll
+    for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
+    sm90::mbarrier_arrive(s.v_empty((tiles - 2) % kStages));
+    if (moved) rescale_output<C>(O, alpha);
+  };
   for (int j = n_blocks - 2; j >= 0; --j, ++tiles) {
     const int key0 = j * C::kBc;
     const int b = tiles % kStages;
-    std::uint32_t a[C::kPVSteps][4];
-    pack_p<Elem, C>(a, S);  // P~_{j+1}, before the fence
     sm90::mbarrier_wait(s.k_full(b), tiles / kStages % 2);
     sm90::mbarrier_wait(s.v_full(b_prev), (tiles - 1) / kStages % 2);
+    if (j < n_blocks - 2) finish_pv();
+    std::uint32_t a[C::kPVSteps][4];
+    pack_p<Elem, C>(a, S);  // P~_{j+1}, before the fence
     my_turn();
     // Group 1: S_j; group 2: O~ += P~_{j+1} V_{j+1}. The scale's sign is
     // tested outside the fence and the chains (a branch between them makes
@@ -731,22 +749,6 @@ __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s
       issue_pv<Elem, C>(O, a, v_addr);
     }
     your_turn();
-    // Waits for P~_{j+1} V_{j+1} (step 5) and frees V_{j+1}'s buffer. It
-    // is called in both arms of the branch on the softmax's vote below, not
-    // after the softmax in the same block: there ptxas scheduled the wait
-    // ahead of the whole softmax (WARPGROUP.DEPBAR.LE gsb0, 0x0 before the
-    // first SHFL in the SASS), and the softmax never ran under the product.
-    // Behind a branch that needs the softmax's vote, it stays after it. The
-    // wait is .aligned: all four warps of the warpgroup must reach the same
-    // instruction, so in step 5 the vote is the warpgroup's, not the warp's
-    // (compute-sanitizer's synccheck caught warps of one consumer in
-    // different arms).
-    auto finish_pv = [&] {
-      if constexpr (C::kOverlap) sm90::wgmma_wait<0>();
-#pragma unroll
-      for (int c = 0; c < C::kOutChains; ++c) sm90::fence_accumulators(O[c]);
-      sm90::mbarrier_arrive(s.v_empty(b_prev));  // done with V_{j+1}
-    };
     if constexpr (C::kOverlap) {
       sm90::wgmma_wait<1>();  // S_j is in; P~_{j+1} V_{j+1} may still run
     } else {
@@ -756,17 +758,12 @@ __device__ inline void ping_pong_tiles(const Params<Elem>& p, const WsSmem<C>& s
     sm90::mbarrier_arrive(s.k_empty(b));  // done with K_j
     if (j == 0) release_q();
     if (unmasked_keys - key0 < C::kBc) mask_scores(S, key0, keys_seen);
-    const bool moved = softmax_scores(S, m, l, alpha, p.scale_log2);
-    if (C::kOverlap ? any_in_warpgroup(moved) : moved) {
-      finish_pv();
-      rescale_output<C>(O, alpha);
-    } else {
-      finish_pv();
-    }
+    moved = softmax_scores(S, m, l, alpha, p.scale_log2);
     b_prev = b;
   }
   // The first tile's product.
   sm90::mbarrier_wait(s.v_full(b_prev), (tiles - 1) / kStages % 2);
+  if (n_blocks > 1) finish_pv();
   my_turn();
   pv_product<Elem, C>(O, S, sm90::smem_address(s.Vj(b_prev)));
   your_turn();
@@ -779,11 +776,6 @@ inline constexpr int kTurn = 1;
 /// Threads a turn barrier counts: the waiting consumer's 128 and the 128
 /// arrivals of the one that passes it the turn.
 inline constexpr int kTurnThreads = 2 * kThreads;
-/// The first of step 5's vote barriers, one per consumer after the turn
-/// barriers: consumer w's four warps agree on kVote + w whether any of their
-/// rows moved its max. After the most turn barriers any step uses (three
-/// consumers, at d = 64).
-inline constexpr int kVote = kTurn + consumer_warpgroups(Step::kIntraOverlap, 64);
 
 /// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows 64 w .. 64 w + 63
 /// of every item of the block, on the buffers the producer fills.
@@ -808,10 +800,6 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     if constexpr (C::kTurns) {
       sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
     }
-  };
-  // Step 5's vote: whether any row of the consumer moved its max.
-  auto any_in_warpgroup = [&](bool c) {
-    return sm90::named_barrier_any(kVote + w, kThreads, c);
   };
   unsigned tiles = 0, items_done = 0;
   const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
@@ -841,7 +829,7 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
       release_q();
     } else if constexpr (C::kPingPong) {
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
-                               my_turn, your_turn, release_q, any_in_warpgroup);
+                               my_turn, your_turn, release_q);
     } else {
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
         const int key0 = j * C::kBc;

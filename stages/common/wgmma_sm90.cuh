@@ -367,26 +367,6 @@ __device__ inline void named_barrier_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-/// bar.red.or.pred p, id, count, c: like bar.sync, and returns whether any
-/// of the `count` threads passed c = true (section "bar, barrier", the .red
-/// form). A warpgroup that must take one branch together (an .aligned
-/// instruction in it) votes with this instead of __any_sync, whose answer is
-/// only the same within a warp.
-__device__ inline bool named_barrier_any(int id, int count, bool c) {
-  std::uint32_t any;
-  asm volatile(
-      "{\n"
-      ".reg .pred in, out;\n"
-      "setp.ne.u32 in, %1, 0;\n"
-      "bar.red.or.pred out, %2, %3, in;\n"
-      "selp.u32 %0, 1, 0, out;\n"
-      "}\n"
-      : "=r"(any)
-      : "r"(static_cast<std::uint32_t>(c)), "r"(id), "r"(count)
-      : "memory");
-  return any != 0;
-}
-
 // ---------------------------------------------------------------------------
 // Registers between warpgroups.
 
