@@ -91,7 +91,46 @@ def span(values, unit=""):
     return lo if lo == hi else f"{lo}–{hi}"
 
 
-def findings(rows):
+# The measured peak of the cores stage 09 runs each type on (ceilings.csv):
+# fp32 on FFMA, the 16-bit types on mma.sync.
+CORE_PEAK = {"fp32": "fma", "bf16": "mma_bf16", "fp16": "mma_bf16"}
+GOAL_SHARE = 0.85  # the issue's goal, as a share of the copy ceiling
+
+
+def core_bound(r, ceil):
+    """The most of the copy ceiling decoding point r can reach when the cores are the
+    other limit: its 4 B H Nq Nk d FLOPs (both products) at the measured peak of the cores
+    it runs on, against its ideal bytes at the copy ceiling; None without both ceilings."""
+    peak, copy = ceil.get(CORE_PEAK.get(r["dtype"])), ceil.get("copy")
+    if not peak or not copy or not num(r.get("ideal bytes")):
+        return None
+    flops = 4 * int(r["B"]) * int(r["H"]) * int(r["Nq"]) * int(r["Nk"]) * int(r["d"])
+    return min(1.0, (peak * 1e12 / flops) / (copy * 1e12 / int(r["ideal bytes"])))
+
+
+def bound_lines(rows, ceil):
+    """A line for each (type, Nq, H_kv) whose cores, not its bytes, keep it under the goal
+    at Nk >= LONG_NK: the most it can reach, and its FLOPs per byte."""
+    out = []
+    groups = sorted({(r["dtype"], int(r["Nq"]), int(r["H_kv"])) for r in rows
+                     if r["stage"] == SPLIT and int(r["Nk"]) >= LONG_NK})
+    for t, nq, h_kv in groups:
+        here = [r for r in rows if r["stage"] == SPLIT and r["dtype"] == t and int(r["Nq"]) == nq
+                and int(r["H_kv"]) == h_kv and int(r["Nk"]) >= LONG_NK]
+        bounds = [b for b in (core_bound(r, ceil) for r in here) if b is not None]
+        if not bounds or max(bounds) >= GOAL_SHARE:
+            continue
+        r = next(r for r in here if core_bound(r, ceil) is not None)
+        intensity = (4 * int(r["B"]) * int(r["H"]) * nq * int(r["Nk"]) * int(r["d"])
+                     / int(r["ideal bytes"]))
+        out.append(f"- {t}, Nq = {nq}, H_kv = {h_kv}: {intensity:.0f} FLOP per byte read, so "
+                   f"{CORE_PEAK[t]}'s {ceil[CORE_PEAK[t]]:g} TFLOP/s allow at most "
+                   f"{span([100 * b for b in bounds], '%')} of the copy ceiling: the goal's "
+                   f"{100 * GOAL_SHARE:.0f}% cannot be reached on these cores.")
+    return out
+
+
+def findings(rows, ceilings=()):
     """stages/09_split_kv/README.md's <!-- results:decode_findings -->: what the sweep says,
     every figure from decode.csv: the share of copy at Nk >= LONG_NK per K/V heads, Nq and
     type; how often stage 09 beats the fastest SDPA backend; the split against one block;
@@ -113,6 +152,12 @@ def findings(rows):
             cells.append(span(v, "%") if v else "–")
         out.append(f"| {h_kv} (G = {32 // h_kv}) | " + " | ".join(cells) + " |")
     out.append("")
+    ceil = {c["ceiling"]: float(c["value"]) for c in ceilings if c.get("value")}
+    bounds = bound_lines(rows, ceil)
+    if bounds:
+        out += ["Where the cores, not the bytes, set the floor (the most a point can reach is "
+                "min(copy, peak ÷ FLOPs per byte), from `docs/results/ceilings.csv`):", ""]
+        out += bounds + [""]
     points = sorted({point_key(r) for r in rows if r["stage"] == SPLIT})
     for t in dtypes:
         ratios = []
@@ -199,4 +244,5 @@ def decode_edits(root, read):
             [("results:decode", body + (f"\n![{alt}]({plot})\n" if recorded else ""))],
             os.path.join(root, "stages", "09_split_kv", "README.md"):
             [("results:decode", body + (f"\n![{alt}](../../{plot})\n" if recorded else "")),
-             ("results:decode_findings", findings(rows) if recorded else body)]}
+             ("results:decode_findings", findings(rows, read("ceilings.csv"))
+              if recorded else body)]}

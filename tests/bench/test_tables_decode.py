@@ -41,7 +41,20 @@ def main():
     edits = decode_edits(ROOT, lambda name: rows if name == "decode.csv" else [])
     findings = dict(edits[os.path.join(ROOT, "stages", "09_split_kv", "README.md")]).get(
         "results:decode_findings", "")
+    ceilings = [{"ceiling": "copy", "value": "4.0"}, {"ceiling": "fma", "value": "32"},
+                {"ceiling": "mma_bf16", "value": "640"}]
+    mqa = [row("09_split_kv", "fp32", 32768, 0.1, 0.1, h_kv=1, ideal_bytes=2 * 32768 * 128 * 4),
+           row("09_split_kv", "bf16", 32768, 0.1, 0.1, h_kv=1, ideal_bytes=2 * 32768 * 128 * 2)]
+    bound = dict(decode_edits(ROOT, lambda name: {"decode.csv": rows + mqa,
+                                                 "ceilings.csv": ceilings}.get(name, []))[
+        os.path.join(ROOT, "stages", "09_split_kv", "README.md")])["results:decode_findings"]
     checks = [
+        ("findings: a point its cores keep under the goal (16 FLOP/byte at 32 TFLOP/s and "
+         "4 TB/s: 50%), and none for one its bytes bound",
+         "fp32, Nq = 1, H_kv = 1: 16 FLOP per byte read, so fma's 32 TFLOP/s allow at most 50% "
+         "of the copy ceiling" in bound and "bf16, Nq = 1, H_kv = 1" not in bound
+         and "H_kv = 8:" not in bound),
+        ("findings: no core bound without ceilings.csv", "FLOP per byte" not in findings),
         ("docs/stage09.md: the goal per type, from Nk = 32768 on only",
          "in fp32 reaches 40% to 60% of the copy ceiling (the goal: 85%)" in docs
          and "in bf16 reaches 20% to 20%" in docs),
