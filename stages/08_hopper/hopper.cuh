@@ -61,6 +61,9 @@ struct Params {
   std::int64_t heads;  // B * H
   int Nq, Nk, d;
   bool causal;
+  // Steps 3-5's units of work (WsCursor; ws_schedule fills them): units
+  // per head in the first paired_units, then one a head; units in all.
+  int units_per_head = 0, paired_units = 0, units = 0;
   float scale_log2;  // |softmax scale| * log2(e), > 0
   bool negate_q;     // the scale is negative: wgmma's imm-scale-a = -1 on Qi
   bool vec;          // d % 8 == 0 and 16-byte aligned tensors: 16-byte copies
@@ -578,48 +581,64 @@ struct WsSmem {
   }
 };
 
-/// The work items of steps 3-5, a Q block of kBlockRows rows of one head
-/// each, numbered head by head: item head * Tr + rank, where rank counts Q
-/// blocks from the last (under a causal mask, the one that sees the most
-/// keys: heaviest first). Blocks running at once then hold consecutive
-/// items, mostly of one head, and share its Kj and Vj in L2; numbered
-/// rank-major instead (every head's heaviest block first), 132 blocks
-/// spread over all heads and read K and V from HBM: 5-10 % slower at
-/// d = 128 (the lead's A/B at 8f371f9). A block takes items blockIdx.x,
-/// blockIdx.x + gridDim.x, ... (launch_ws chooses the grid). The cursor
-/// keeps rank and head as counters in 32 bits (heads fit an int, as TMA's
-/// head coordinate does): a 64-bit division per item spilled the
-/// producer's 32 registers.
+/// The work of steps 3-5 (ws_schedule in hopper_tiles.h says why so): a
+/// persistent grid, one block per SM, whose block b takes units b,
+/// b + gridDim.x, ...; a unit is one item (a Q block of kBlockRows rows of
+/// one head) or, under a causal mask, the pair of items rank r and Tr - 1 - r
+/// of one head (rank counts Q blocks from the last, the heaviest), so that
+/// every unit is the same work. Units are numbered head by head (unit
+/// head * per_head + r), so the blocks running at once share a few heads'
+/// Kj and Vj in L2; a causal problem of odd Tr has one middle item per head
+/// left, numbered last (unit paired_units + head): the lightest half-units
+/// fill the tail. The cursor holds the unit and which half of it runs; one
+/// 32-bit division per unit finds the head (a 64-bit one spilled the
+/// producer's 32 registers), the counts come from the kernel's parameters.
 struct WsCursor {
-  int rank;  // Q blocks from the last
-  int head;  // bh
+  int unit;
+  bool second;  // the light item of a causal pair
 
-  __device__ static WsCursor first(int Tr) {
-    return {static_cast<int>(blockIdx.x) % Tr, static_cast<int>(blockIdx.x) / Tr};
+  __device__ static WsCursor first() { return {static_cast<int>(blockIdx.x), false}; }
+  template <typename Elem>
+  __device__ bool valid(const Params<Elem>& p) const {
+    return unit < p.units;
   }
-  __device__ void next(int Tr) {
-    rank += static_cast<int>(gridDim.x) % Tr;
-    head += static_cast<int>(gridDim.x) / Tr;
-    if (rank >= Tr) {
-      rank -= Tr;
-      ++head;
+  template <typename Elem>
+  __device__ void next(const Params<Elem>& p) {
+    if (p.causal && !second && unit < p.paired_units) {
+      second = true;
+    } else {
+      second = false;
+      unit += static_cast<int>(gridDim.x);
     }
+  }
+  /// The item's head and rank.
+  template <typename Elem>
+  __device__ int head(const Params<Elem>& p) const {
+    return unit < p.paired_units ? unit / p.units_per_head : unit - p.paired_units;
+  }
+  template <typename Elem>
+  __device__ int rank(const Params<Elem>& p, int Tr, int head) const {
+    if (unit >= p.paired_units) return Tr / 2;  // a causal middle item
+    const int r = unit - head * p.units_per_head;
+    return second ? Tr - 1 - r : r;
   }
 };
 
 /// Item (rank, head)'s first row of Q, and the K/V blocks its last row sees
 /// (the rest lie above the causal diagonal and are skipped).
 struct WsItem {
+  int head;
   int row0;
   int n_blocks;
 };
 template <typename C, typename Elem>
-__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, int rank) {
-  const int row0 = (Tr - 1 - rank) * C::kBlockRows;
+__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const WsCursor& cursor) {
+  const int head = cursor.head(p);
+  const int row0 = (Tr - 1 - cursor.rank(p, Tr, head)) * C::kBlockRows;
   const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
   const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
   const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
-  return {row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
+  return {head, row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
 }
 
 /// The producer: thread 0 of warpgroup 0 issues every copy of the block's
@@ -632,10 +651,10 @@ template <typename Elem, typename C>
 __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                                const WsSmem<C>& s) {
   unsigned tiles = 0, items_done = 0;
-  const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  for (WsCursor item = WsCursor::first(Tr); item.head < heads; item.next(Tr), ++items_done) {
-    const WsItem it = ws_item<C>(p, Tr, item.rank);
-    const int q_row0 = it.row0, n_blocks = it.n_blocks, head = item.head;
+  const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
+    const WsItem it = ws_item<C>(p, Tr, item);
+    const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
     // outside the tensor is not asked of TMA): it computes on whatever its
@@ -814,9 +833,9 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     return sm90::named_barrier_any(kVote + w, kThreads, c);
   };
   unsigned tiles = 0, items_done = 0;
-  const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  for (WsCursor item = WsCursor::first(Tr); item.head < heads; item.next(Tr), ++items_done) {
-    const WsItem it = ws_item<C>(p, Tr, item.rank);
+  const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
+    const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0 + w * kBr, n_blocks = it.n_blocks;
     int keys_seen[2];
     for (int h = 0; h < 2; ++h) {
@@ -862,7 +881,7 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     // Consumer 0 takes the turn the last consumer passed last (or first,
     // when there is no tile): every arrival on a turn barrier is matched.
     if (w == 0) my_turn();
-    write_output<Elem, C>(p, item.head, q_row0, O, m, l);
+    write_output<Elem, C>(p, it.head, q_row0, O, m, l);
   }
 }
 
