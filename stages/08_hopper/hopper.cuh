@@ -33,7 +33,7 @@
 //   line 8     S_ij = Qi Kj^T                 qk_product
 //   line 9-10  online softmax                 online_softmax
 //   line 10    O~ += P~_ij Vj                 pv_product
-//   line 12-13 O_i = O~ / l, L_i              write_output
+//   line 12-13 O_i = O~ / l, L_i              write_output (write_output_tma from step 3)
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: no driver call is linked)
@@ -301,22 +301,42 @@ __device__ inline void online_softmax(float (&S)[C::kSRegs], float (&O)[C::kOutC
   if (softmax_scores(S, m, l, alpha, scale_log2)) rescale_output<C>(O, alpha);
 }
 
+/// Line 13 and the factor of line 12 for this thread's two rows (h = 0: row
+/// 16 warp + g of the warpgroup's 64 from q_row0 on, h = 1: 8 further): l
+/// summed over the quad, L_i = (m + log2 l) ln 2 written by one thread of
+/// the quad, and inv[h] = 1 / l. A row that saw no key has l = 0: O = 0 and
+/// L = -inf. Rows past Nq are left alone.
+template <typename Elem>
+__device__ inline void write_lse(const Params<Elem>& p, std::int64_t bh, int q_row0,
+                                 const float (&m)[2], const float (&l)[2], float (&inv)[2]) {
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(kFullWarpMask, sum, 1);
+    sum += __shfl_xor_sync(kFullWarpMask, sum, 2);
+    inv[h] = sum == 0.0f ? 0.0f : 1.0f / sum;
+    const int row = 16 * warp + lane / 4 + 8 * h;
+    if (lane % 4 == 0 && row < p.Nq - q_row0) {
+      p.L[bh * p.Nq + q_row0 + row] =
+          sum == 0.0f ? -INFINITY : (m[h] + log2f(sum)) * static_cast<float>(kLn2);
+    }
+  }
+}
+
 /// Lines 12-13 for the warpgroup's 64 rows from q_row0 on: O_i = O~ / l
-/// straight from the registers to global memory
-/// (pairs of columns per 32-bit store when d is even), L_i = (m + log2 l) ln 2.
-/// A row that saw no key has l = 0: O = 0 and L = -inf.
+/// straight from the registers to global memory (pairs of columns per 32-bit
+/// store when d is even), and L_i (write_lse).
 template <typename Elem, typename C>
 __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int q_row0,
                                     const float (&O)[C::kOutChains][C::kORegs], const float (&m)[2],
                                     const float (&l)[2]) {
   const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
+  float inv[2];
+  write_lse(p, bh, q_row0, m, l, inv);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(kFullWarpMask, sum, 1);
-    sum += __shfl_xor_sync(kFullWarpMask, sum, 2);
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
     const int row = 16 * warp + g + 8 * h;
     if (row >= p.Nq - q_row0) continue;
     Elem* Orow = p.O + (bh * p.Nq + q_row0 + row) * p.d;  // [d]
@@ -325,7 +345,7 @@ __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int 
 #pragma unroll
       for (int nt = 0; nt < C::kORegs / 4; ++nt) {
         const int col = C::kOutN * c + 8 * nt + 2 * t;
-        const float o0 = O[c][4 * nt + 2 * h] * inv, o1 = O[c][4 * nt + 2 * h + 1] * inv;
+        const float o0 = O[c][4 * nt + 2 * h] * inv[h], o1 = O[c][4 * nt + 2 * h + 1] * inv[h];
         if (p.pairs && col < p.d) {
           *reinterpret_cast<std::uint32_t*>(Orow + col) = sm90::pack2<Elem>(o0, o1);
         } else {
@@ -334,18 +354,15 @@ __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int 
         }
       }
     }
-    if (t == 0) {
-      p.L[bh * p.Nq + q_row0 + row] =
-          sum == 0.0f ? -INFINITY : (m[h] + log2f(sum)) * static_cast<float>(kLn2);
-    }
   }
 }
 
 /// The tensor maps of Q, K and V for TMA (step 2): 3-D, (d, rows, heads),
 /// boxes of 64 columns x 1 head x kBr rows (Q) or Bc rows (K, V), 128-byte
-/// swizzle, zeros outside.
+/// swizzle, zeros outside; and of O for steps 3-5's stores (boxes as Q's,
+/// nothing written outside).
 struct TensorMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;
 };
 
 /// The shared-memory tiles and barriers of one block, carved from the
@@ -499,7 +516,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 //   consumers              block: wait q_full; for each tile wait k_full[b],
 //                          S = Qi Kj^T, arrive on k_empty[b] (and, after the
 //                          item's last S, on q_empty), softmax, wait v_full[b],
-//                          O~ += P~ Vj, arrive on v_empty[b]; write O, L
+//                          O~ += P~ Vj, arrive on v_empty[b]; write L, and O
+//                          into its buffer for one TMA store (d <= 128)
 //
 // Two consumers, or three at d = 64 (consumer_warpgroups: blocks of 128 or
 // 192 rows; the registers in brackets). After the split no thread passes a
@@ -541,9 +559,14 @@ struct WsConfig {
   // Barriers: q_full, q_empty, k_full[kStages], k_empty[kStages],
   // v_full[kStages], v_empty[kStages].
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
-  static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
-                                    2 * kStages * kKVBytes + kBarrierBytes;
-  static_assert(kSmemBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
+  static constexpr int kInputBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
+                                     2 * kStages * kKVBytes + kBarrierBytes;
+  static_assert(kInputBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
+  // O_i through shared memory and a TMA store (write_output_tma), in a
+  // buffer of kQBytes per consumer, or from the registers (write_output).
+  static constexpr bool kOutByTma = output_through_smem(kStep, kHeadDim);
+  static constexpr int kSmemBytes = kInputBytes + (kOutByTma ? kConsumers * kQBytes : 0);
+  static_assert(kSmemBytes <= kMaxSmemBytes, "O_i's buffers fit beside the inputs");
   // Arrivals that free a buffer: every thread of every consumer, each after
   // its own wgmma_wait<0> (which covers its whole warpgroup's products).
   static constexpr int kConsumerThreads = kConsumers * kThreads;
@@ -553,7 +576,7 @@ struct WsConfig {
 
 template <typename C>
 struct WsSmem {
-  unsigned char* base;  // Qi halves, then kStages x (Kj, Vj), then the barriers
+  unsigned char* base;  // Qi parts, kStages x (Kj, Vj), O_i parts (kOutByTma), the barriers
 
   __device__ explicit WsSmem(unsigned char* raw)
       : base(raw + (sm90::kSwizzleAtomBytes - sm90::smem_address(raw) % sm90::kSwizzleAtomBytes) %
@@ -564,8 +587,10 @@ struct WsSmem {
     return base + C::kConsumers * C::kQBytes + 2 * b * C::kKVBytes;
   }
   __device__ unsigned char* Vj(int b) const { return Kj(b) + C::kKVBytes; }
+  /// Consumer w's 64 rows of O_i on their way out, laid out as Qi's.
+  __device__ unsigned char* Oi(int w) const { return Kj(kStages) + w * C::kQBytes; }
   __device__ std::uint64_t* barriers() const {
-    return reinterpret_cast<std::uint64_t*>(Kj(kStages));
+    return reinterpret_cast<std::uint64_t*>(Oi(C::kOutByTma ? C::kConsumers : 0));
   }
   __device__ std::uint64_t* q_full() const { return barriers(); }      // Qi landed
   __device__ std::uint64_t* q_empty() const { return barriers() + 1; } // consumers done with Qi
@@ -804,10 +829,65 @@ inline constexpr int kTurnThreads = 2 * kThreads;
 /// consumers, at d = 64).
 inline constexpr int kVote = kTurn + consumer_warpgroups(Step::kIntraOverlap, 64);
 
+/// The first of the output barriers, one per consumer after the vote
+/// barriers: consumer w's 128 threads meet on kOutput + w around the
+/// writing of its O_i buffer (write_output_tma). 16 named barriers a block:
+/// 1 + 3 + 3 + 3 are taken.
+inline constexpr int kOutput = kVote + consumer_warpgroups(Step::kIntraOverlap, 64);
+
+/// Lines 12-13 for consumer w's 64 rows from q_row0 on through shared memory
+/// (FlashAttention-3's epilogue): O_i = O~ / l rounded into the consumer's
+/// O_i buffer, in the 128-byte swizzled layout of Qi (32-bit stores: the
+/// quad's four threads fill one 16-byte chunk of a row, the warp's 8 rows
+/// fall in 8 different chunks, no bank conflict), then one thread hands the
+/// buffer to TMA, which writes whole rows of O (a box per 64 columns) and
+/// clips rows past Nq and columns past d itself. The consumer does not
+/// wait for the store: it goes on to its next item, and waits only before
+/// it writes the buffer again, one item later (bulk_wait_group_read), by
+/// when the copy has long read it. L_i as write_output (write_lse).
+template <typename Elem, typename C>
+__device__ inline void write_output_tma(const Params<Elem>& p, const TensorMaps& maps,
+                                        const WsSmem<C>& s, int w, int head, int q_row0,
+                                        const float (&O)[C::kOutChains][C::kORegs],
+                                        const float (&m)[2], const float (&l)[2]) {
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const bool issuer = threadIdx.x % kThreads == 0;  // the thread that stores and waits
+  float inv[2];
+  write_lse(p, head, q_row0, m, l, inv);
+  unsigned char* tile = s.Oi(w);  // [kBr] x kHeadDim, swizzled as Qi
+  if (issuer) sm90::bulk_wait_group_read<0>();  // the last item's store has read it
+  sm90::named_barrier_sync(kOutput + w, kThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * warp + g + 8 * h;
+#pragma unroll
+    for (int c = 0; c < C::kOutChains; ++c) {
+#pragma unroll
+      for (int nt = 0; nt < C::kORegs / 4; ++nt) {
+        const int col = C::kOutN * c + 8 * nt + 2 * t;
+        *reinterpret_cast<std::uint32_t*>(tile + sm90::swizzle128_offset(row, col, kBr)) =
+            sm90::pack2<Elem>(O[c][4 * nt + 2 * h] * inv[h], O[c][4 * nt + 2 * h + 1] * inv[h]);
+      }
+    }
+  }
+  sm90::fence_proxy_async_shared();  // this thread's stores, before TMA reads them
+  sm90::named_barrier_sync(kOutput + w, kThreads);
+  // A consumer whose rows all lie past Nq stores nothing (as it was given
+  // no Qi copy).
+  if (issuer && q_row0 < p.Nq) {
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+      sm90::tma_store_3d(&maps.o, tile + cb * kBr * sm90::kSwizzleRowBytes, 64 * cb, q_row0, head);
+    }
+    sm90::bulk_commit_group();
+  }
+}
+
 /// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows 64 w .. 64 w + 63
 /// of every item of the block, on the buffers the producer fills.
 template <typename Elem, typename C>
-__device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w) {
+__device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, const WsSmem<C>& s,
+                               int w) {
   const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   auto keys_seen_by = [&](std::int64_t row) -> int {
     if (!p.causal) return p.Nk;
@@ -881,8 +961,14 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     // Consumer 0 takes the turn the last consumer passed last (or first,
     // when there is no tile): every arrival on a turn barrier is matched.
     if (w == 0) my_turn();
-    write_output<Elem, C>(p, it.head, q_row0, O, m, l);
+    if constexpr (C::kOutByTma) {
+      write_output_tma<Elem, C>(p, maps, s, w, it.head, q_row0, O, m, l);
+    } else {
+      write_output<Elem, C>(p, it.head, q_row0, O, m, l);
+    }
   }
+  // The block's shared memory must outlive the last store's reads of it.
+  if (C::kOutByTma && threadIdx.x % kThreads == 0) sm90::bulk_wait_group<0>();
 }
 
 /// Step 3's kernel: blocks of three warpgroups, each taking (Q block of 128
@@ -915,7 +1001,7 @@ __global__ void __launch_bounds__(C::kBlockThreads, 1)
     if (threadIdx.x == 0) produce<Elem, C>(p, maps, s);
   } else {
     sm90::setmaxnreg_inc<C::kConsumerRegs>();
-    consume<Elem, C>(p, s, threadIdx.x / kThreads - 1);
+    consume<Elem, C>(p, maps, s, threadIdx.x / kThreads - 1);
   }
 #endif
 }

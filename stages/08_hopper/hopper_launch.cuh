@@ -134,6 +134,7 @@ void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const c
   maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
   maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d, C::kBc);
   maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
+  if constexpr (C::kOutByTma) maps.o = make_tensor_map<Elem>(prm.O, p.heads(), prm.Nq, prm.d, kBr);
   const std::int64_t blocks = std::min<std::int64_t>(device_sm_count(), work.units);
   launch_with_smem(hopper_ws_kernel<Elem, C>, dim3(static_cast<unsigned>(blocks)), C::kBlockThreads, C::kSmemBytes,
                    stream, what, prm, maps);
@@ -150,11 +151,12 @@ void launch_bucket(const Problem& p, const ForwardTensors& t, Stream stream, con
 
 template <typename Elem, Step kStep>
 void launch_step(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
-  // TMA needs 16-byte aligned bases and row strides (d % 8 == 0); anything
-  // else runs step 1's kernel (the same numbers row for row: a row's result
-  // does not depend on which rows share its block).
+  // TMA needs 16-byte aligned bases and row strides (d % 8 == 0), and from
+  // step 3 O is stored by TMA too; anything else runs step 1's kernel (the
+  // same numbers row for row: a row's result does not depend on which rows
+  // share its block).
   if constexpr (kStep >= Step::kWarpSpecialized) {
-    if (make_params<Elem>(p, t).vec) {
+    if (make_params<Elem>(p, t).vec && reinterpret_cast<std::uintptr_t>(t.O) % 16 == 0) {
       switch (head_dim_bucket(p.d)) {
         case 64: launch_ws<Elem, 64, kStep>(p, t, stream, what); break;
         case 128: launch_ws<Elem, 128, kStep>(p, t, stream, what); break;

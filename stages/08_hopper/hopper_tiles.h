@@ -103,6 +103,18 @@ constexpr int key_tile(int head_dim_bucket) { return head_dim_bucket <= 128 ? 12
 constexpr int out_tile(int head_dim_bucket) {
   return head_dim_bucket < 128 ? head_dim_bucket : 128;
 }
+/// Whether O_i leaves through shared memory and a TMA store (from step 3,
+/// FlashAttention-3's epilogue: a consumer writes its rows into a buffer of
+/// its own, one thread hands it to TMA, and the consumer goes on to its next
+/// item without waiting for the global writes) rather than straight from the
+/// registers. The buffer cannot be Qi's, which the producer refills with the
+/// next item's rows once the last S is in; a buffer of its own, each
+/// consumer's 64 rows, fits beside Qi and the K/V buffers at d = 64 and 128
+/// (24 and 32 KiB more), not at d = 256 (64 KiB more would pass 227 KiB):
+/// there O_i is stored from the registers.
+constexpr bool output_through_smem(Step step, int head_dim_bucket) {
+  return step >= Step::kWarpSpecialized && head_dim_bucket <= 128;
+}
 /// K/V buffers of the TMA pipeline (step 2): two, so that the next tile's
 /// copy runs under this tile's products and softmax. At d = 256 two stages
 /// of Kj and Vj (64 keys) take 128 KiB beside the two consumers' 64 KiB of
