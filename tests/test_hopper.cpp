@@ -168,6 +168,8 @@ TEST_CASE("stage 08's model by hand: Nq = Nk = 256, d = 64, K and V read once a 
 TEST_CASE("stage 08 step 3's model by hand: consumer warpgroups share a block of 128 or 192 rows") {
   // Each consumer warpgroup reads its 64 rows of Qi per tile and all of Kj
   // and Vj: K/V reads of one warpgroup times the consumers, fewer blocks.
+  // O_i leaves through shared memory (written by the threads, read by the
+  // TMA store): R d elements more of each.
   // d = 128, two consumers: Nq = Nk = 256, 2 Q blocks of R = 128 rows, each
   // visiting n = 2 K/V blocks of 128 keys.
   {
@@ -176,7 +178,9 @@ TEST_CASE("stage 08 step 3's model by hand: consumer warpgroups share a block of
     const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
     CHECK(c.thread_blocks == blocks);
     CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
-    CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d) * e);
+    CHECK(c.hbm_write_bytes == blocks * R * (d * e + 4));
+    CHECK(c.sram_write_bytes == blocks * (R + 2 * C + R) * d * e);  // Qi, Kj, Vj, O
+    CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d + R * d) * e);
     CHECK(c.matmul_flops == blocks * 4 * R * C * d);
   }
   // d = 64, three consumers (FlashAttention-3's 192-row blocks): Nq = Nk =
@@ -188,8 +192,19 @@ TEST_CASE("stage 08 step 3's model by hand: consumer warpgroups share a block of
     const Cost c = flashstep::select_stages(name).front()->model(p);
     CHECK(c.thread_blocks == blocks);
     CHECK(c.hbm_read_bytes == blocks * (R + 2 * C) * d * e);
-    CHECK(c.sram_read_bytes == blocks * (n * R * d + 3 * 2 * C * d) * e);
+    CHECK(c.sram_write_bytes == blocks * (R + 2 * C + R) * d * e);
+    CHECK(c.sram_read_bytes == blocks * (n * R * d + 3 * 2 * C * d + R * d) * e);
     CHECK(c.matmul_flops == blocks * 4 * R * C * d);
+  }
+  // d = 256: no room for O_i's buffer beside Qi and the K/V buffers, and O_i
+  // goes from the registers straight to HBM. Nq = Nk = 128: one block of
+  // R = 128 rows visiting n = 2 K/V blocks of 64 keys.
+  {
+    const Problem p = with_scale(make_problem(1, 1, 128, 128, 256, false), 0.0625, DType::kBf16);
+    const std::int64_t blocks = 1, R = 128, n = 2, C = 128, d = 256, e = 2;
+    const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
+    CHECK(c.sram_write_bytes == blocks * (R + 2 * C) * d * e);
+    CHECK(c.sram_read_bytes == blocks * (n * R * d + 2 * 2 * C * d) * e);
   }
 }
 

@@ -33,7 +33,7 @@
 //   line 8     S_ij = Qi Kj^T                 qk_product
 //   line 9-10  online softmax                 online_softmax
 //   line 10    O~ += P~_ij Vj                 pv_product
-//   line 12-13 O_i = O~ / l, L_i              write_output
+//   line 12-13 O_i = O~ / l, L_i              write_output (write_output_tma from step 3)
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: no driver call is linked)
@@ -61,6 +61,9 @@ struct Params {
   std::int64_t heads;  // B * H
   int Nq, Nk, d;
   bool causal;
+  // Steps 3-5's units of work (WsCursor; ws_schedule fills them): units
+  // per head in the first paired_units, then one a head; units in all.
+  int units_per_head = 0, paired_units = 0, units = 0;
   float scale_log2;  // |softmax scale| * log2(e), > 0
   bool negate_q;     // the scale is negative: wgmma's imm-scale-a = -1 on Qi
   bool vec;          // d % 8 == 0 and 16-byte aligned tensors: 16-byte copies
@@ -298,22 +301,42 @@ __device__ inline void online_softmax(float (&S)[C::kSRegs], float (&O)[C::kOutC
   if (softmax_scores(S, m, l, alpha, scale_log2)) rescale_output<C>(O, alpha);
 }
 
+/// Line 13 and the factor of line 12 for this thread's two rows (h = 0: row
+/// 16 warp + g of the warpgroup's 64 from q_row0 on, h = 1: 8 further): l
+/// summed over the quad, L_i = (m + log2 l) ln 2 written by one thread of
+/// the quad, and inv[h] = 1 / l. A row that saw no key has l = 0: O = 0 and
+/// L = -inf. Rows past Nq are left alone.
+template <typename Elem>
+__device__ inline void write_lse(const Params<Elem>& p, std::int64_t bh, int q_row0,
+                                 const float (&m)[2], const float (&l)[2], float (&inv)[2]) {
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(kFullWarpMask, sum, 1);
+    sum += __shfl_xor_sync(kFullWarpMask, sum, 2);
+    inv[h] = sum == 0.0f ? 0.0f : 1.0f / sum;
+    const int row = 16 * warp + lane / 4 + 8 * h;
+    if (lane % 4 == 0 && row < p.Nq - q_row0) {
+      p.L[bh * p.Nq + q_row0 + row] =
+          sum == 0.0f ? -INFINITY : (m[h] + log2f(sum)) * static_cast<float>(kLn2);
+    }
+  }
+}
+
 /// Lines 12-13 for the warpgroup's 64 rows from q_row0 on: O_i = O~ / l
-/// straight from the registers to global memory
-/// (pairs of columns per 32-bit store when d is even), L_i = (m + log2 l) ln 2.
-/// A row that saw no key has l = 0: O = 0 and L = -inf.
+/// straight from the registers to global memory (pairs of columns per 32-bit
+/// store when d is even), and L_i (write_lse).
 template <typename Elem, typename C>
 __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int q_row0,
                                     const float (&O)[C::kOutChains][C::kORegs], const float (&m)[2],
                                     const float (&l)[2]) {
   const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
+  float inv[2];
+  write_lse(p, bh, q_row0, m, l, inv);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(kFullWarpMask, sum, 1);
-    sum += __shfl_xor_sync(kFullWarpMask, sum, 2);
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
     const int row = 16 * warp + g + 8 * h;
     if (row >= p.Nq - q_row0) continue;
     Elem* Orow = p.O + (bh * p.Nq + q_row0 + row) * p.d;  // [d]
@@ -322,7 +345,7 @@ __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int 
 #pragma unroll
       for (int nt = 0; nt < C::kORegs / 4; ++nt) {
         const int col = C::kOutN * c + 8 * nt + 2 * t;
-        const float o0 = O[c][4 * nt + 2 * h] * inv, o1 = O[c][4 * nt + 2 * h + 1] * inv;
+        const float o0 = O[c][4 * nt + 2 * h] * inv[h], o1 = O[c][4 * nt + 2 * h + 1] * inv[h];
         if (p.pairs && col < p.d) {
           *reinterpret_cast<std::uint32_t*>(Orow + col) = sm90::pack2<Elem>(o0, o1);
         } else {
@@ -331,18 +354,15 @@ __device__ inline void write_output(const Params<Elem>& p, std::int64_t bh, int 
         }
       }
     }
-    if (t == 0) {
-      p.L[bh * p.Nq + q_row0 + row] =
-          sum == 0.0f ? -INFINITY : (m[h] + log2f(sum)) * static_cast<float>(kLn2);
-    }
   }
 }
 
 /// The tensor maps of Q, K and V for TMA (step 2): 3-D, (d, rows, heads),
 /// boxes of 64 columns x 1 head x kBr rows (Q) or Bc rows (K, V), 128-byte
-/// swizzle, zeros outside.
+/// swizzle, zeros outside; and of O for steps 3-5's stores (boxes as Q's,
+/// nothing written outside).
 struct TensorMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;
 };
 
 /// The shared-memory tiles and barriers of one block, carved from the
@@ -496,7 +516,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 //   consumers              block: wait q_full; for each tile wait k_full[b],
 //                          S = Qi Kj^T, arrive on k_empty[b] (and, after the
 //                          item's last S, on q_empty), softmax, wait v_full[b],
-//                          O~ += P~ Vj, arrive on v_empty[b]; write O, L
+//                          O~ += P~ Vj, arrive on v_empty[b]; write L, and O
+//                          into its buffer for one TMA store (d <= 128)
 //
 // Two consumers, or three at d = 64 (consumer_warpgroups: blocks of 128 or
 // 192 rows; the registers in brackets). After the split no thread passes a
@@ -538,9 +559,14 @@ struct WsConfig {
   // Barriers: q_full, q_empty, k_full[kStages], k_empty[kStages],
   // v_full[kStages], v_empty[kStages].
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
-  static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
-                                    2 * kStages * kKVBytes + kBarrierBytes;
-  static_assert(kSmemBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
+  static constexpr int kInputBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
+                                     2 * kStages * kKVBytes + kBarrierBytes;
+  static_assert(kInputBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
+  // O_i through shared memory and a TMA store (write_output_tma), in a
+  // buffer of kQBytes per consumer, or from the registers (write_output).
+  static constexpr bool kOutByTma = output_through_smem(kStep, kHeadDim);
+  static constexpr int kSmemBytes = kInputBytes + (kOutByTma ? kConsumers * kQBytes : 0);
+  static_assert(kSmemBytes <= kMaxSmemBytes, "O_i's buffers fit beside the inputs");
   // Arrivals that free a buffer: every thread of every consumer, each after
   // its own wgmma_wait<0> (which covers its whole warpgroup's products).
   static constexpr int kConsumerThreads = kConsumers * kThreads;
@@ -550,7 +576,7 @@ struct WsConfig {
 
 template <typename C>
 struct WsSmem {
-  unsigned char* base;  // Qi halves, then kStages x (Kj, Vj), then the barriers
+  unsigned char* base;  // Qi parts, kStages x (Kj, Vj), O_i parts (kOutByTma), the barriers
 
   __device__ explicit WsSmem(unsigned char* raw)
       : base(raw + (sm90::kSwizzleAtomBytes - sm90::smem_address(raw) % sm90::kSwizzleAtomBytes) %
@@ -561,8 +587,10 @@ struct WsSmem {
     return base + C::kConsumers * C::kQBytes + 2 * b * C::kKVBytes;
   }
   __device__ unsigned char* Vj(int b) const { return Kj(b) + C::kKVBytes; }
+  /// Consumer w's 64 rows of O_i on their way out, laid out as Qi's.
+  __device__ unsigned char* Oi(int w) const { return Kj(kStages) + w * C::kQBytes; }
   __device__ std::uint64_t* barriers() const {
-    return reinterpret_cast<std::uint64_t*>(Kj(kStages));
+    return reinterpret_cast<std::uint64_t*>(Oi(C::kOutByTma ? C::kConsumers : 0));
   }
   __device__ std::uint64_t* q_full() const { return barriers(); }      // Qi landed
   __device__ std::uint64_t* q_empty() const { return barriers() + 1; } // consumers done with Qi
@@ -578,48 +606,64 @@ struct WsSmem {
   }
 };
 
-/// The work items of steps 3-5, a Q block of kBlockRows rows of one head
-/// each, numbered head by head: item head * Tr + rank, where rank counts Q
-/// blocks from the last (under a causal mask, the one that sees the most
-/// keys: heaviest first). Blocks running at once then hold consecutive
-/// items, mostly of one head, and share its Kj and Vj in L2; numbered
-/// rank-major instead (every head's heaviest block first), 132 blocks
-/// spread over all heads and read K and V from HBM: 5-10 % slower at
-/// d = 128 (the lead's A/B at 8f371f9). A block takes items blockIdx.x,
-/// blockIdx.x + gridDim.x, ... (launch_ws chooses the grid). The cursor
-/// keeps rank and head as counters in 32 bits (heads fit an int, as TMA's
-/// head coordinate does): a 64-bit division per item spilled the
-/// producer's 32 registers.
+/// The work of steps 3-5 (ws_schedule in hopper_tiles.h says why so): a
+/// persistent grid, one block per SM, whose block b takes units b,
+/// b + gridDim.x, ...; a unit is one item (a Q block of kBlockRows rows of
+/// one head) or, under a causal mask, the pair of items rank r and Tr - 1 - r
+/// of one head (rank counts Q blocks from the last, the heaviest), so that
+/// every unit is the same work. Units are numbered head by head (unit
+/// head * per_head + r), so the blocks running at once share a few heads'
+/// Kj and Vj in L2; a causal problem of odd Tr has one middle item per head
+/// left, numbered last (unit paired_units + head): the lightest half-units
+/// fill the tail. The cursor holds the unit and which half of it runs; one
+/// 32-bit division per unit finds the head (a 64-bit one spilled the
+/// producer's 32 registers), the counts come from the kernel's parameters.
 struct WsCursor {
-  int rank;  // Q blocks from the last
-  int head;  // bh
+  int unit;
+  bool second;  // the light item of a causal pair
 
-  __device__ static WsCursor first(int Tr) {
-    return {static_cast<int>(blockIdx.x) % Tr, static_cast<int>(blockIdx.x) / Tr};
+  __device__ static WsCursor first() { return {static_cast<int>(blockIdx.x), false}; }
+  template <typename Elem>
+  __device__ bool valid(const Params<Elem>& p) const {
+    return unit < p.units;
   }
-  __device__ void next(int Tr) {
-    rank += static_cast<int>(gridDim.x) % Tr;
-    head += static_cast<int>(gridDim.x) / Tr;
-    if (rank >= Tr) {
-      rank -= Tr;
-      ++head;
+  template <typename Elem>
+  __device__ void next(const Params<Elem>& p) {
+    if (p.causal && !second && unit < p.paired_units) {
+      second = true;
+    } else {
+      second = false;
+      unit += static_cast<int>(gridDim.x);
     }
+  }
+  /// The item's head and rank.
+  template <typename Elem>
+  __device__ int head(const Params<Elem>& p) const {
+    return unit < p.paired_units ? unit / p.units_per_head : unit - p.paired_units;
+  }
+  template <typename Elem>
+  __device__ int rank(const Params<Elem>& p, int Tr, int head) const {
+    if (unit >= p.paired_units) return Tr / 2;  // a causal middle item
+    const int r = unit - head * p.units_per_head;
+    return second ? Tr - 1 - r : r;
   }
 };
 
 /// Item (rank, head)'s first row of Q, and the K/V blocks its last row sees
 /// (the rest lie above the causal diagonal and are skipped).
 struct WsItem {
+  int head;
   int row0;
   int n_blocks;
 };
 template <typename C, typename Elem>
-__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, int rank) {
-  const int row0 = (Tr - 1 - rank) * C::kBlockRows;
+__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const WsCursor& cursor) {
+  const int head = cursor.head(p);
+  const int row0 = (Tr - 1 - cursor.rank(p, Tr, head)) * C::kBlockRows;
   const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
   const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
   const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
-  return {row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
+  return {head, row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
 }
 
 /// The producer: thread 0 of warpgroup 0 issues every copy of the block's
@@ -632,10 +676,10 @@ template <typename Elem, typename C>
 __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                                const WsSmem<C>& s) {
   unsigned tiles = 0, items_done = 0;
-  const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  for (WsCursor item = WsCursor::first(Tr); item.head < heads; item.next(Tr), ++items_done) {
-    const WsItem it = ws_item<C>(p, Tr, item.rank);
-    const int q_row0 = it.row0, n_blocks = it.n_blocks, head = item.head;
+  const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
+    const WsItem it = ws_item<C>(p, Tr, item);
+    const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
     // outside the tensor is not asked of TMA): it computes on whatever its
@@ -777,10 +821,65 @@ inline constexpr int kTurn = 1;
 /// arrivals of the one that passes it the turn.
 inline constexpr int kTurnThreads = 2 * kThreads;
 
+/// The first of the output barriers, one per consumer after the vote
+/// barriers: consumer w's 128 threads meet on kOutput + w around the
+/// writing of its O_i buffer (write_output_tma). 16 named barriers a block:
+/// 1 + 3 + 3 + 3 are taken.
+inline constexpr int kOutput = kVote + consumer_warpgroups(Step::kIntraOverlap, 64);
+
+/// Lines 12-13 for consumer w's 64 rows from q_row0 on through shared memory
+/// (FlashAttention-3's epilogue): O_i = O~ / l rounded into the consumer's
+/// O_i buffer, in the 128-byte swizzled layout of Qi (32-bit stores: the
+/// quad's four threads fill one 16-byte chunk of a row, the warp's 8 rows
+/// fall in 8 different chunks, no bank conflict), then one thread hands the
+/// buffer to TMA, which writes whole rows of O (a box per 64 columns) and
+/// clips rows past Nq and columns past d itself. The consumer does not
+/// wait for the store: it goes on to its next item, and waits only before
+/// it writes the buffer again, one item later (bulk_wait_group_read), by
+/// when the copy has long read it. L_i as write_output (write_lse).
+template <typename Elem, typename C>
+__device__ inline void write_output_tma(const Params<Elem>& p, const TensorMaps& maps,
+                                        const WsSmem<C>& s, int w, int head, int q_row0,
+                                        const float (&O)[C::kOutChains][C::kORegs],
+                                        const float (&m)[2], const float (&l)[2]) {
+  const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const bool issuer = threadIdx.x % kThreads == 0;  // the thread that stores and waits
+  float inv[2];
+  write_lse(p, head, q_row0, m, l, inv);
+  unsigned char* tile = s.Oi(w);  // [kBr] x kHeadDim, swizzled as Qi
+  if (issuer) sm90::bulk_wait_group_read<0>();  // the last item's store has read it
+  sm90::named_barrier_sync(kOutput + w, kThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * warp + g + 8 * h;
+#pragma unroll
+    for (int c = 0; c < C::kOutChains; ++c) {
+#pragma unroll
+      for (int nt = 0; nt < C::kORegs / 4; ++nt) {
+        const int col = C::kOutN * c + 8 * nt + 2 * t;
+        *reinterpret_cast<std::uint32_t*>(tile + sm90::swizzle128_offset(row, col, kBr)) =
+            sm90::pack2<Elem>(O[c][4 * nt + 2 * h] * inv[h], O[c][4 * nt + 2 * h + 1] * inv[h]);
+      }
+    }
+  }
+  sm90::fence_proxy_async_shared();  // this thread's stores, before TMA reads them
+  sm90::named_barrier_sync(kOutput + w, kThreads);
+  // A consumer whose rows all lie past Nq stores nothing (as it was given
+  // no Qi copy).
+  if (issuer && q_row0 < p.Nq) {
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+      sm90::tma_store_3d(&maps.o, tile + cb * kBr * sm90::kSwizzleRowBytes, 64 * cb, q_row0, head);
+    }
+    sm90::bulk_commit_group();
+  }
+}
+
 /// Consumer w (0 .. kConsumers - 1): Algorithm 1 for rows 64 w .. 64 w + 63
 /// of every item of the block, on the buffers the producer fills.
 template <typename Elem, typename C>
-__device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w) {
+__device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, const WsSmem<C>& s,
+                               int w) {
   const int warp = threadIdx.x % kThreads / kWarpSize, lane = threadIdx.x % kWarpSize;
   auto keys_seen_by = [&](std::int64_t row) -> int {
     if (!p.causal) return p.Nk;
@@ -802,9 +901,9 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     }
   };
   unsigned tiles = 0, items_done = 0;
-  const int heads = static_cast<int>(p.heads), Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  for (WsCursor item = WsCursor::first(Tr); item.head < heads; item.next(Tr), ++items_done) {
-    const WsItem it = ws_item<C>(p, Tr, item.rank);
+  const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
+    const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0 + w * kBr, n_blocks = it.n_blocks;
     int keys_seen[2];
     for (int h = 0; h < 2; ++h) {
@@ -850,8 +949,14 @@ __device__ inline void consume(const Params<Elem>& p, const WsSmem<C>& s, int w)
     // Consumer 0 takes the turn the last consumer passed last (or first,
     // when there is no tile): every arrival on a turn barrier is matched.
     if (w == 0) my_turn();
-    write_output<Elem, C>(p, item.head, q_row0, O, m, l);
+    if constexpr (C::kOutByTma) {
+      write_output_tma<Elem, C>(p, maps, s, w, it.head, q_row0, O, m, l);
+    } else {
+      write_output<Elem, C>(p, it.head, q_row0, O, m, l);
+    }
   }
+  // The block's shared memory must outlive the last store's reads of it.
+  if (C::kOutByTma && threadIdx.x % kThreads == 0) sm90::bulk_wait_group<0>();
 }
 
 /// Step 3's kernel: blocks of three warpgroups, each taking (Q block of 128
@@ -884,7 +989,7 @@ __global__ void __launch_bounds__(C::kBlockThreads, 1)
     if (threadIdx.x == 0) produce<Elem, C>(p, maps, s);
   } else {
     sm90::setmaxnreg_inc<C::kConsumerRegs>();
-    consume<Elem, C>(p, s, threadIdx.x / kThreads - 1);
+    consume<Elem, C>(p, maps, s, threadIdx.x / kThreads - 1);
   }
 #endif
 }

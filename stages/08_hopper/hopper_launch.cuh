@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -115,29 +116,28 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
 
 /// The kernel of steps 3-5: blocks of 128 rows and three warpgroups, or of
 /// 192 rows and four at d = 64, one block per SM (their registers and
-/// shared memory allow no second), each taking (Q block, head) items in
-/// turn (WsCursor). Without a causal mask every item is the same work, and
-/// a persistent grid of one block per SM takes them all, as
-/// FlashAttention-3's tile scheduler does: a block copies its next item's
-/// Qi and first K/V tiles while it finishes the last one, instead of a new
-/// block starting cold. Under a causal mask items differ up to Tr-fold and
-/// a fixed share per block would leave the SMs given the heavier ones last:
-/// there every item gets a block of its own, and the hardware hands them
-/// out, heaviest first, as SMs free up.
+/// shared memory allow no second), a persistent grid of at most one block
+/// per SM, as FlashAttention-3's tile scheduler runs, each block taking
+/// units of work in turn (ws_schedule, WsCursor): a block copies its next
+/// item's Qi and first K/V tiles while it finishes the last one, instead of
+/// a new block starting cold.
 template <typename Elem, int kHeadDim, Step kStep>
 void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   using C = WsConfig<kHeadDim, kStep>;
-  const Params<Elem> prm = make_params<Elem>(p, t);
+  Params<Elem> prm = make_params<Elem>(p, t);
+  const WsSchedule work = ws_schedule((p.Nq - 1) / C::kBlockRows + 1, p.heads(), p.causal);
+  if (work.units > INT_MAX) throw Error(std::string(what) + ": more work items than an int counts");
+  prm.units_per_head = static_cast<int>(work.units_per_head);
+  prm.paired_units = static_cast<int>(work.paired_units);
+  prm.units = static_cast<int>(work.units);
   TensorMaps maps{};
   maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
   maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d, C::kBc);
   maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
-  const std::int64_t items = ((p.Nq - 1) / C::kBlockRows + 1) * p.heads();
-  const std::int64_t blocks =
-      std::min<std::int64_t>(p.causal ? items : device_sm_count(), items);
-  const dim3 grid(static_cast<unsigned>(std::min(blocks, kMaxGridX)));
-  launch_with_smem(hopper_ws_kernel<Elem, C>, grid, C::kBlockThreads, C::kSmemBytes, stream, what,
-                   prm, maps);
+  if constexpr (C::kOutByTma) maps.o = make_tensor_map<Elem>(prm.O, p.heads(), prm.Nq, prm.d, kBr);
+  const std::int64_t blocks = std::min<std::int64_t>(device_sm_count(), work.units);
+  launch_with_smem(hopper_ws_kernel<Elem, C>, dim3(static_cast<unsigned>(blocks)), C::kBlockThreads, C::kSmemBytes,
+                   stream, what, prm, maps);
 }
 
 template <typename Elem, bool kTma>
@@ -151,11 +151,12 @@ void launch_bucket(const Problem& p, const ForwardTensors& t, Stream stream, con
 
 template <typename Elem, Step kStep>
 void launch_step(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
-  // TMA needs 16-byte aligned bases and row strides (d % 8 == 0); anything
-  // else runs step 1's kernel (the same numbers row for row: a row's result
-  // does not depend on which rows share its block).
+  // TMA needs 16-byte aligned bases and row strides (d % 8 == 0), and from
+  // step 3 O is stored by TMA too; anything else runs step 1's kernel (the
+  // same numbers row for row: a row's result does not depend on which rows
+  // share its block).
   if constexpr (kStep >= Step::kWarpSpecialized) {
-    if (make_params<Elem>(p, t).vec) {
+    if (make_params<Elem>(p, t).vec && reinterpret_cast<std::uintptr_t>(t.O) % 16 == 0) {
       switch (head_dim_bucket(p.d)) {
         case 64: launch_ws<Elem, 64, kStep>(p, t, stream, what); break;
         case 128: launch_ws<Elem, 128, kStep>(p, t, stream, what); break;

@@ -13,7 +13,8 @@
 //   -m) through ex2.approx.ftz); a negative scale as |scale| on -Qi (wgmma's
 //   imm-scale-a = -1, exact), a zero one as the smallest normal float;
 // - P~ rounded to the element type in the registers (the A operand of
-//   O~ += P~ Vj); O = O~ / l rounded, L = (m + log2 l) ln 2.
+//   O~ += P~ Vj); O = O~ / l rounded, L = (m + log2 l) ln 2; O through a
+//   shared-memory tile from step 3 at d <= 128 (output_through_smem).
 // Where it departs from the kernel, as stage 07's mirror does: the tensor
 // cores' order and precision of the products' sums and ex2.approx are not
 // reproduced bit for bit; l is one sum per row (the kernel splits it over a
@@ -46,7 +47,8 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 
 /// Lines 4-13 for Q block i of head bh (attend_q_block).
 void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std::int64_t i,
-                    std::int64_t consumers, float scale_log2, bool negate_q, Chip& chip) {
+                    std::int64_t consumers, bool o_smem, float scale_log2, bool negate_q,
+                    Chip& chip) {
   const std::int64_t d = p.d;
   const float* Qh = t.Q + bh * p.Nq * d;  // [Nq, d]
   const float* Kh = t.K + bh * p.Nk * d;  // [Nk, d]
@@ -103,15 +105,23 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     }
   }
 
-  // Lines 12-13, from the registers straight to HBM.
+  // Lines 12-13: O_i from the registers straight to HBM, or (o_smem) into
+  // a shared-memory tile of its own and from there by TMA.
   const float ln2 = static_cast<float>(kLn2);
+  Tile Oi(R, d, std::vector<float>(static_cast<size_t>(R * d)), p.dtype);
   for (std::int64_t r = 0; r < R; ++r) {
     const float l = l_i[static_cast<size_t>(r)];
     const float recip = chip.div(1.0f, l);
     const float inv_l = l == 0.0f ? 0.0f : recip;
     for (std::int64_t k = 0; k < d; ++k) {
-      chip.store(t.O + (bh * p.Nq + row0 + r) * d + k,
-                 chip.mul(O_tilde[static_cast<size_t>(r * d + k)], inv_l), p.dtype);
+      float* out = t.O + (bh * p.Nq + row0 + r) * d + k;
+      const float o = chip.mul(O_tilde[static_cast<size_t>(r * d + k)], inv_l);
+      if (o_smem) {
+        chip.write(Oi, r, k, o);
+        chip.store(out, chip.read(Oi, r, k), p.dtype);
+      } else {
+        chip.store(out, o, p.dtype);
+      }
     }
     const float lse = chip.mul(chip.add(m_i[static_cast<size_t>(r)], chip.log2(l)), ln2);
     chip.store(t.L + bh * p.Nq + row0 + r, l == 0.0f ? -kInf : lse);
@@ -133,13 +143,14 @@ Cost mirror(const Problem& p, const HostTensors& t) {
   const bool negate_q = p.softmax_scale() < 0.0;
   Chip chip;
   const std::int64_t consumers = consumer_warpgroups(kStep, head_dim_bucket(p.d));
+  const bool o_smem = output_through_smem(kStep, head_dim_bucket(p.d));
   const std::int64_t Tr = ceil_div(p.Nq, consumers * kBr);
   const std::int64_t grid_y = std::min(p.heads(), kMaxGridY);
   chip.cost.thread_blocks = Tr * grid_y;
   for (std::int64_t x = 0; x < Tr; ++x) {
     for (std::int64_t y = 0; y < grid_y; ++y) {
       for (std::int64_t bh = y; bh < p.heads(); bh += grid_y) {
-        attend_q_block(p, t, bh, Tr - 1 - x, consumers, scale_log2, negate_q, chip);
+        attend_q_block(p, t, bh, Tr - 1 - x, consumers, o_smem, scale_log2, negate_q, chip);
       }
     }
   }

@@ -10,9 +10,11 @@
 // C_i = min(n_i Bc, Nk) keys:
 // - HBM: Qi read once, even by a block that visits no K/V tile; Kj and Vj
 //   once per visited (i, j); O_i and L_i written once, O_i straight from the
-//   registers.
+//   registers in steps 1-2 and at d = 256, else through shared memory
+//   (output_through_smem).
 // - SRAM writes: Qi, Kj, Vj (by the threads in step 1, by TMA in step 2:
-//   the same bytes).
+//   the same bytes), and O_i where it goes through shared memory (read once
+//   from there by the TMA store: one more SRAM read of it).
 // - SRAM reads, as wgmma makes them: each consumer warpgroup's chain reads
 //   its rows of Qi (the A operand of S = Qi Kj^T) once per visited tile, and
 //   Kj and Vj (the B operands) once, for all four of its warps together
@@ -53,6 +55,7 @@ Cost model(const Problem& p) {
   const std::int64_t Bc = key_tile(head_dim_bucket(d));
   const std::int64_t Tr = ceil_div(p.Nq, Br);
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
+  const bool o_smem = output_through_smem(kStep, head_dim_bucket(d));
   Cost head;
   for (std::int64_t i = 0; i < Tr; ++i) {
     const std::int64_t R = std::min<std::int64_t>(Br, p.Nq - i * Br);
@@ -63,8 +66,8 @@ Cost model(const Problem& p) {
     const std::int64_t kv = 2 * C * d * e;  // of Kj and Vj over the visited tiles
     head.hbm_read_bytes += qi + kv;
     head.hbm_write_bytes += qi + R * kLseBytes;
-    head.sram_write_bytes += qi + kv;
-    head.sram_read_bytes += n * qi + consumers * kv;
+    head.sram_write_bytes += qi + kv + (o_smem ? qi : 0);
+    head.sram_read_bytes += n * qi + consumers * kv + (o_smem ? qi : 0);
     head.matmul_flops += 4 * R * C * d;
     head.nonmatmul_flops += kFlopsPerScore * R * C + n * R * (kFlopsPerRowTile + d) +
                             R * (d + kFlopsPerRowEnd);

@@ -3,6 +3,7 @@
 /// (hopper.cuh), the launchers, the model and the CPU mirror. CUDA-free.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 namespace flashstep::hopper {
@@ -102,12 +103,52 @@ constexpr int key_tile(int head_dim_bucket) { return head_dim_bucket <= 128 ? 12
 constexpr int out_tile(int head_dim_bucket) {
   return head_dim_bucket < 128 ? head_dim_bucket : 128;
 }
+/// Whether O_i leaves through shared memory and a TMA store (from step 3,
+/// FlashAttention-3's epilogue: a consumer writes its rows into a buffer of
+/// its own, one thread hands it to TMA, and the consumer goes on to its next
+/// item without waiting for the global writes) rather than straight from the
+/// registers. The buffer cannot be Qi's, which the producer refills with the
+/// next item's rows once the last S is in; a buffer of its own, each
+/// consumer's 64 rows, fits beside Qi and the K/V buffers at d = 64 and 128
+/// (24 and 32 KiB more), not at d = 256 (64 KiB more would pass 227 KiB):
+/// there O_i is stored from the registers.
+constexpr bool output_through_smem(Step step, int head_dim_bucket) {
+  return step >= Step::kWarpSpecialized && head_dim_bucket <= 128;
+}
 /// K/V buffers of the TMA pipeline (step 2): two, so that the next tile's
 /// copy runs under this tile's products and softmax. At d = 256 two stages
 /// of Kj and Vj (64 keys) take 128 KiB beside the two consumers' 64 KiB of
 /// Qi, inside the 227 KiB a block may have; at d = 128, 128 KiB (128 keys)
 /// beside 32 KiB.
 inline constexpr int kStages = 2;
+
+/// How steps 3-5 share out their work: units numbered head by head, taken
+/// by a persistent grid (one block per SM, block b taking units b,
+/// b + blocks, ...: its next unit's Qi and first K/V tiles are copied while
+/// it finishes the last). Without a causal mask a unit is one item (a Q block
+/// of one head), all the same work. Under a causal mask item rank r (Q blocks
+/// counted from the last) sees Tr - r K/V blocks' worth of keys, and a unit
+/// is the pair of ranks r and Tr - 1 - r of one head, Tr + 1 blocks' worth
+/// whichever r: the units are again the same work, and a fixed share of them
+/// per block is balanced. (FlashAttention-3 instead hands items out heaviest
+/// first, rank-major within groups of heads whose K and V fit in L2, from an
+/// atomic counter; taken in a fixed stride, that order gives the first
+/// blocks of every round of the grid the heavier items of that round, round
+/// after round.) With Tr odd the middle item of each head is left alone;
+/// those units, half the work of a pair, are numbered after all pairs, so
+/// that they fill the tail. Head by head, the blocks running at once hold
+/// units of a few heads and share their Kj and Vj in L2: numbered across
+/// all heads, they read K and V from HBM (docs/results/tuning_08/, A/B 2).
+struct WsSchedule {
+  std::int64_t units_per_head;  // of the first paired_units
+  std::int64_t paired_units;    // units per head x heads
+  std::int64_t units;           // + the causal middle items, one a head
+};
+constexpr WsSchedule ws_schedule(std::int64_t Tr, std::int64_t heads, bool causal) {
+  const std::int64_t per_head = causal ? Tr / 2 : Tr;
+  const std::int64_t middles = causal && Tr % 2 == 1 ? heads : 0;
+  return {per_head, per_head * heads, per_head * heads + middles};
+}
 
 /// Shared memory one block may opt in to on sm_90 (227 KiB): the kernels'
 /// budgets are checked against it at compile time.

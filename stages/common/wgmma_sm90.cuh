@@ -332,7 +332,8 @@ __device__ inline void mbarrier_wait(std::uint64_t* bar, std::uint32_t phase) {
 
 // ---------------------------------------------------------------------------
 // TMA: the tensor memory accelerator copies a box of a tensor, described by
-// a CUtensorMap the host encodes (cuTensorMapEncodeTiled), into shared memory.
+// a CUtensorMap the host encodes (cuTensorMapEncodeTiled), into shared memory
+// and back.
 
 /// cp.async.bulk.tensor.3d.shared\::cluster.global.mbarrier\::complete_tx\::bytes,
 /// section "cp.async.bulk.tensor": copies the box whose first element is at
@@ -348,6 +349,46 @@ __device__ inline void tma_load_3d(void* dst, const void* map, std::uint64_t* ba
       " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_address(dst)),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+}
+
+/// cp.async.bulk.tensor.3d.global.shared\::cta.tile.bulk_group, section
+/// "cp.async.bulk.tensor": the store direction of tma_load_3d. Copies the
+/// box of shared memory at `src` (laid out and swizzled as the map says) to
+/// the box of the tensor `map` describes whose first element is at
+/// coordinates (c0, c1, c2); elements of the box outside the tensor are not
+/// written. Completes through a bulk async-group of the issuing thread
+/// (bulk_commit_group, bulk_wait_group_read), not an mbarrier: the threads
+/// that wrote `src` fence (fence_proxy_async_shared) and meet at a barrier
+/// before one of them issues it. Issued by one thread.
+__device__ inline void tma_store_3d(const void* map, const void* src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group"
+      " [%0, {%2, %3, %4}], [%1];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+      "r"(smem_address(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+/// cp.async.bulk.commit_group, section "cp.async.bulk.commit_group": closes
+/// this thread's bulk copies issued since the last commit (tma_store_3d)
+/// into one bulk async-group.
+__device__ inline void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+/// cp.async.bulk.wait_group.read N, section "cp.async.bulk.wait_group": waits
+/// until at most N of this thread's bulk async-groups are still reading
+/// their shared-memory source; their writes to global memory may still be
+/// on the way. N = 0: the source buffer may be written again.
+template <int N>
+__device__ inline void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+/// cp.async.bulk.wait_group N (without .read): waits until at most N of
+/// this thread's bulk async-groups are pending, their writes done too.
+template <int N>
+__device__ inline void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---------------------------------------------------------------------------
