@@ -821,11 +821,11 @@ inline constexpr int kTurn = 1;
 /// arrivals of the one that passes it the turn.
 inline constexpr int kTurnThreads = 2 * kThreads;
 
-/// The first of the output barriers, one per consumer after the vote
+/// The first of the output barriers, one per consumer after the turn
 /// barriers: consumer w's 128 threads meet on kOutput + w around the
 /// writing of its O_i buffer (write_output_tma). 16 named barriers a block:
-/// 1 + 3 + 3 + 3 are taken.
-inline constexpr int kOutput = kVote + consumer_warpgroups(Step::kIntraOverlap, 64);
+/// 1 + 3 + 3 are taken.
+inline constexpr int kOutput = kTurn + consumer_warpgroups(Step::kIntraOverlap, 64);
 
 /// Lines 12-13 for consumer w's 64 rows from q_row0 on through shared memory
 /// (FlashAttention-3's epilogue): O_i = O~ / l rounded into the consumer's
