@@ -306,14 +306,23 @@ __device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
 /// and loads its rows' L and D (plain loads: 2 Br floats): the rows from q0
 /// on of the query head bh whose row 0 is row head_row = bh Nq of
 /// [heads * Nq]. Rows past Nq get Q = dO = 0, L = +inf (P = 0) and D = 0.
+/// With d equal to the bucket and 16-byte aligned tensors, every Q block but
+/// a ragged last one takes load_full_tile_async: one address per tile and
+/// constant offsets, where load_tile's per-chunk row, column and bounds
+/// arithmetic was most of the loop head's instructions.
 template <typename Elem, typename C>
 __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t head_row, int q0,
                                     Elem* Qi, Elem* dOi, float* Ls, float* Ds) {
   const std::int64_t row0 = head_row + q0;
-  load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, p.Nq - q0,
-                                                              p.d, p.vec);
-  load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, p.Nq - q0,
-                                                              p.d, p.vec);
+  if (p.vec && p.d == C::kHeadDim && q0 <= p.Nq - kBr) {
+    sm80::load_full_tile_async<Elem, kBr, C::kHeadDim, C::kThreads>(Qi, p.Q + row0 * C::kHeadDim);
+    sm80::load_full_tile_async<Elem, kBr, C::kHeadDim, C::kThreads>(dOi, p.dO + row0 * C::kHeadDim);
+  } else {
+    load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, p.Nq - q0,
+                                                                p.d, p.vec);
+    load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, p.Nq - q0,
+                                                                p.d, p.vec);
+  }
   if (threadIdx.x < kBr) {
     const bool inside = static_cast<int>(threadIdx.x) < p.Nq - q0;
     Ls[threadIdx.x] = inside ? p.L_log2[row0 + threadIdx.x] : INFINITY;
@@ -612,6 +621,7 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
     load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
         Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
   };
+
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, rows_valid,
                                                               p.d, p.vec);
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, rows_valid,
