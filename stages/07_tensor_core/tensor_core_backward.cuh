@@ -614,12 +614,23 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   const int n_blocks = seen_keys == 0 ? 0 : (seen_keys - 1) / kBc + 1;
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
+  // Every K/V block but a ragged last one by load_full_tile_async, as the
+  // (dK, dV) kernel's Q blocks (load_q_block). Not at d = 256: there the
+  // kernel sits at 252 registers and ptxas -v showed it spill with both
+  // paths (12 bytes stored, outside the loop).
   auto load_kv = [&](int j, int buf) {
     const int key0 = j * kBc;
-    load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
-        Kbuf + buf * C::kKVElems, p.K + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
-    load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
-        Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+    if (C::kHeadDim <= 128 && p.vec && p.d == C::kHeadDim && key0 <= p.Nk - kBc) {
+      sm80::load_full_tile_async<Elem, kBc, C::kHeadDim, C::kThreads>(
+          Kbuf + buf * C::kKVElems, p.K + (kv * p.Nk + key0) * C::kHeadDim);
+      sm80::load_full_tile_async<Elem, kBc, C::kHeadDim, C::kThreads>(
+          Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * C::kHeadDim);
+    } else {
+      load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
+          Kbuf + buf * C::kKVElems, p.K + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+      load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
+          Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+    }
   };
 
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, rows_valid,
