@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -399,7 +401,8 @@ TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the c
           const std::int64_t from = bwd::first_row(key0, Nq, Nk, causal) / bwd::kBr * bwd::kBr;
           for (std::int64_t i = 0; i < Nq; ++i) {
             const std::int64_t q0 = i / bwd::kBr * bwd::kBr;
-            const int diag = bwd::tile_diag(q0, key0, Nq, Nk);
+            const int diag = bwd::tile_diag(static_cast<int>(q0), static_cast<int>(key0),
+                                            static_cast<int>(Nq), static_cast<int>(Nk));
             const bool whole = bwd::whole_tile(keys, Bc, causal, diag);
             for (int key = 0; key < keys; ++key) {
               const bool kernel =
@@ -410,6 +413,29 @@ TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the c
           }
         }
         CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("stage 07's tile_diag sums in 32 bits without overflow, at the largest Nq and Nk") {
+  namespace bwd = flashstep::tensor_core::bwd;
+  // The 64-bit sum and clamp tile_diag replaces, at tile corners from the
+  // first to the last of sequences up to 2^31 - 1 long.
+  constexpr std::int64_t kMax = std::numeric_limits<int>::max();
+  constexpr std::int64_t kClamp = 2 * (bwd::kBr + bwd::kMaxBc);
+  for (std::int64_t Nq : {std::int64_t{1}, std::int64_t{1000}, kMax - 1, kMax}) {
+    for (std::int64_t Nk : {std::int64_t{1}, std::int64_t{1000}, kMax - 1, kMax}) {
+      for (std::int64_t q0 : {std::int64_t{0}, Nq / 2, Nq - 1}) {
+        for (std::int64_t key0 : {std::int64_t{0}, Nk / 2, Nk - 1}) {
+          const std::int64_t diag = std::clamp(q0 + Nk - Nq - key0, -kClamp, kClamp);
+          CAPTURE(Nq);
+          CAPTURE(Nk);
+          CAPTURE(q0);
+          CAPTURE(key0);
+          CHECK(bwd::tile_diag(static_cast<int>(q0), static_cast<int>(key0), static_cast<int>(Nq),
+                               static_cast<int>(Nk)) == diag);
+        }
       }
     }
   }
