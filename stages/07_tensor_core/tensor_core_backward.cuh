@@ -302,19 +302,23 @@ __device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
 #endif
 }
 
-/// Starts the copies of a Q block, Qi and dOi, into their buffers (cp.async)
-/// and loads its rows' L and D (plain loads: 2 Br floats): the rows from q0
-/// on of the query head bh whose row 0 is row head_row = bh Nq of
-/// [heads * Nq]. Rows past Nq get Q = dO = 0, L = +inf (P = 0) and D = 0.
-/// With d equal to the bucket and 16-byte aligned tensors, every Q block but
-/// a ragged last one takes load_full_tile_async: one address per tile and
-/// constant offsets, where load_tile's per-chunk row, column and bounds
-/// arithmetic was most of the loop head's instructions.
+/// Starts the copies of a Q block, Qi and dOi and its rows' L and D, into
+/// their buffers (cp.async): the rows from q0 on of the query head bh whose
+/// row 0 is row head_row = bh Nq of [heads * Nq]. Rows past Nq get Q = dO = 0,
+/// L = +inf (P = 0) and D = 0. Every Q block but a ragged last one has all
+/// its rows, and with d equal to the bucket and 16-byte aligned tensors takes
+/// load_full_tile_async: one address per tile and constant offsets, where
+/// load_tile's per-chunk row, column and bounds arithmetic was most of the
+/// loop head's instructions. Its L and D come by 4-byte cp.async: loaded and
+/// stored by the first two warps, they held those warps at the store for the
+/// load's latency, every Q block. The ragged block, which needs the +inf,
+/// loads them plainly.
 template <typename Elem, typename C>
 __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t head_row, int q0,
                                     Elem* Qi, Elem* dOi, float* Ls, float* Ds) {
   const std::int64_t row0 = head_row + q0;
-  if (p.vec && p.d == C::kHeadDim && q0 <= p.Nq - kBr) {
+  const bool all_rows = q0 <= p.Nq - kBr;
+  if (p.vec && p.d == C::kHeadDim && all_rows) {
     sm80::load_full_tile_async<Elem, kBr, C::kHeadDim, C::kThreads>(Qi, p.Q + row0 * C::kHeadDim);
     sm80::load_full_tile_async<Elem, kBr, C::kHeadDim, C::kThreads>(dOi, p.dO + row0 * C::kHeadDim);
   } else {
@@ -324,9 +328,14 @@ __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t 
                                                                 p.d, p.vec);
   }
   if (threadIdx.x < kBr) {
-    const bool inside = static_cast<int>(threadIdx.x) < p.Nq - q0;
-    Ls[threadIdx.x] = inside ? p.L_log2[row0 + threadIdx.x] : INFINITY;
-    Ds[threadIdx.x] = inside ? p.D[row0 + threadIdx.x] : 0.0f;
+    if (all_rows) {
+      sm80::cp_async_4(Ls + threadIdx.x, p.L_log2 + row0 + threadIdx.x);
+      sm80::cp_async_4(Ds + threadIdx.x, p.D + row0 + threadIdx.x);
+    } else {
+      const bool inside = static_cast<int>(threadIdx.x) < p.Nq - q0;
+      Ls[threadIdx.x] = inside ? p.L_log2[row0 + threadIdx.x] : INFINITY;
+      Ds[threadIdx.x] = inside ? p.D[row0 + threadIdx.x] : 0.0f;
+    }
   }
 }
 
