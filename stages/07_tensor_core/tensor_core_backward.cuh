@@ -356,6 +356,12 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   const int g = lane / 4, t = lane % 4;
   const int key_row0 = warp % C::kKeyGroups * kMmaM;  // this warp's 16 keys of Kj, Vj
   const int col0 = C::kDSplit == 1 ? 0 : warp / C::kKeyGroups * C::kWarpCols;  // its columns of dK_j, dV_j
+  // col0 (0 or 128 at d = 256) is a runtime value and a whole number of
+  // swizzle spans: the dV and dK products take it on the tile's pointer, so
+  // that the columns they pass to their lane table (at_bv) stay compile-time
+  // constants. Passed as a column it indexed the table at run time, and
+  // ptxas put the table in local memory: six local loads every query slice.
+  static_assert(C::kWarpCols % sm80::kSwizzleSpan == 0, "col0 moves by whole swizzle spans");
   const int key0 = j * kBc;
   const int keys_valid = min(kBc, p.Nk - key0);
   Elem* dKh = p.dK + kv * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
@@ -452,8 +458,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
           }
         }
       }
-      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim,
-                                                              col0, at_bv);  // line 12
+      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim + col0,
+                                                              0, at_bv);  // line 12
       float dP[C::kQTiles][4];  // dP^T, then dS^T
       product_abt<Elem, C::kHeadDim, C::kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
                                                  at_bk);                     // line 13
@@ -464,8 +470,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
           dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
         }
       }
-      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim,
-                                                              col0, at_bv);  // line 16
+      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim + col0,
+                                                              0, at_bv);  // line 16
       if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS^T
 #pragma unroll
         for (int nt = 0; nt < C::kQTiles; ++nt) {
