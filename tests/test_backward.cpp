@@ -340,6 +340,28 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
 }
 
+TEST_CASE("stage 07's dQ kernel reads its warps' Qi, dOi rows once at d <= 128, per K/V block at d = 256") {
+  // One Q block (Nq = 64), non-causal, bf16, against Nk = 128 and 256 keys:
+  // the (dK, dV) kernel's K/V blocks are alike, so its part of the model
+  // doubles, and so do the dQ kernel's reads of Kj and Vj. What does not
+  // double is the reads of Qi's and dOi's rows: per K/V block (2, then 4)
+  // at d = 256, once at d = 64 and 128, where the warps hold them in
+  // registers (dq_holds_rows).
+  const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
+  for (std::int64_t d : {64, 128, 256}) {
+    CAPTURE(d);
+    Problem p = make_problem(1, 1, 64, 128, d, false);
+    p.dtype = flashstep::DType::kBf16;
+    const Cost shorter = deterministic->backward_model(p);
+    p.Nk = 256;
+    const Cost longer = deterministic->backward_model(p);
+    const std::int64_t rows_once = 2 * 64 * d * 2;  // Qi and dOi, 64 rows of d bf16
+    const bool held = flashstep::tensor_core::bwd::dq_holds_rows(static_cast<int>(d));
+    CHECK(held == (d <= 128));
+    CHECK(longer.sram_read_bytes - 2 * shorter.sram_read_bytes == (held ? -rows_once : 0));
+  }
+}
+
 TEST_CASE("stage 07's backward model on grouped heads: K/V blocks read and dK, dV written once per group") {
   // B = 1, H = 4, H_kv = 1, N = 256, d = 64 (K/V blocks of 64 keys): the
   // (dK, dV) kernel runs 4 blocks, not 16, and reads Kj, Vj and writes dK_j,

@@ -226,6 +226,31 @@ __device__ inline void product_abt(float (&acc)[kTiles][4], const Elem* A, const
   }
 }
 
+/// product_abt with A's fragments held in registers: a[ks] is k16 step ks of
+/// the warp's 16 rows, loaded once for many products (dq_kernel's Qi and
+/// dOi rows).
+template <typename Elem, int kHeadDim, int kTiles>
+__device__ inline void product_abt_held(float (&acc)[kTiles][4],
+                                        const std::uint32_t (&a)[kHeadDim / kMmaK][4],
+                                        const Elem* B, const LaneOffsets<kHeadDim>& at_bk) {
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) {
+#pragma unroll
+    for (int np = 0; np < kTiles / 2; ++np) {
+      std::uint32_t b[4];
+      load_b_k<Elem, kHeadDim, true>(b, B, at_bk, np * 2 * kMmaN, ks * kMmaK);
+      const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+      sm80::mma_m16n8k16<Elem>(acc[2 * np], a[ks], b_lo);
+      sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a[ks], b_hi);
+    }
+  }
+}
+
 /// acc[16 x kOutTiles * 8] += A (register fragments of kSteps k16 steps,
 /// from accumulators) times columns col0 .. of tile B [k rows][kHeadDim]
 /// (ldmatrix.trans: B's rows are the k index). dV += P^T dOi, dK += dS^T Qi,
@@ -590,6 +615,8 @@ struct DQConfig {
   static constexpr int kBc = kDQBc;
   static constexpr int kKTiles = kBc / kMmaN;        // n8 tiles of S over the keys
   static constexpr int kDTiles = kHeadDim / kMmaN;   // n8 tiles of dQ
+  static constexpr int kDSteps = kHeadDim / kMmaK;   // k16 steps over d (S, dP)
+  static constexpr bool kHoldRows = dq_holds_rows(kHeadDim);  // Qi, dOi fragments in registers
   static constexpr int kQElems = kBr * kHeadDim;
   static constexpr int kKVElems = kBc * kHeadDim;
   // Qi, dOi once; Kj and Vj double-buffered.
@@ -663,6 +690,7 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   }
   const Elem* Qw = Qi + q_row0 * C::kHeadDim;    // this warp's rows
   const Elem* dOw = dOi + q_row0 * C::kHeadDim;
+  std::uint32_t Qa[C::kHoldRows ? C::kDSteps : 1][4], dOa[C::kHoldRows ? C::kDSteps : 1][4];
   for (int j = 0; j < n_blocks; ++j) {
     const int buf = j % 2;
     const Elem* Kj = Kbuf + buf * C::kKVElems;
@@ -678,7 +706,18 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
     const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
 
     float S[C::kKTiles][4];  // S, then P: rows queries, columns keys
-    product_abt<Elem, C::kHeadDim, C::kKTiles>(S, Qw, Kj, 0, at_a, at_bk);
+    if constexpr (C::kHoldRows) {
+      if (j == 0) {  // Qi and dOi arrived with the first K/V block
+#pragma unroll
+        for (int ks = 0; ks < C::kDSteps; ++ks) {
+          load_a<Elem, C::kHeadDim, true>(Qa[ks], Qw, at_a, 0, ks * kMmaK);
+          load_a<Elem, C::kHeadDim, true>(dOa[ks], dOw, at_a, 0, ks * kMmaK);
+        }
+      }
+      product_abt_held<Elem, C::kHeadDim, C::kKTiles>(S, Qa, Kj, at_bk);
+    } else {
+      product_abt<Elem, C::kHeadDim, C::kKTiles>(S, Qw, Kj, 0, at_a, at_bk);
+    }
 #pragma unroll
     for (int nt = 0; nt < C::kKTiles; ++nt) {
 #pragma unroll
@@ -698,7 +737,11 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
       }
     }
     float dP[C::kKTiles][4];  // dP, then dS
-    product_abt<Elem, C::kHeadDim, C::kKTiles>(dP, dOw, Vj, 0, at_a, at_bk);
+    if constexpr (C::kHoldRows) {
+      product_abt_held<Elem, C::kHeadDim, C::kKTiles>(dP, dOa, Vj, at_bk);
+    } else {
+      product_abt<Elem, C::kHeadDim, C::kKTiles>(dP, dOw, Vj, 0, at_a, at_bk);
+    }
 #pragma unroll
     for (int nt = 0; nt < C::kKTiles; ++nt) {
 #pragma unroll

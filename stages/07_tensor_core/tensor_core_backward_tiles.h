@@ -85,6 +85,16 @@ inline constexpr int kDQWarps = 4;
 /// accumulators (16 x 64 each, 32 registers) fit beside dQ's at d = 256.
 inline constexpr int kDQBc = 64;
 
+/// Whether the dQ kernel's warps hold the A fragments of their 16 rows of Qi
+/// and dOi in registers for the whole loop over K/V blocks (2 d / 4 registers
+/// a thread), loading them once instead of for S and dP at every K/V block,
+/// where they were a fifth of the loop's ldmatrix. ptxas -v on sm_90: 156 ->
+/// 165 registers at d = 64 (three 4-warp blocks an SM still: the limit is
+/// 168), 173 -> 241 at d = 128 (two blocks, as the kernel's 96 KiB of shared
+/// memory already allowed); at d = 256, 128 more registers, ptxas spilled
+/// about a kilobyte, so there they are read from shared memory as before.
+constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 128; }
+
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
 /// block of several heads.
 inline constexpr std::int64_t kMaxGridY = 65535;
