@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -338,6 +340,28 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
 }
 
+TEST_CASE("stage 07's dQ kernel reads its warps' Qi, dOi rows once at d <= 128, per K/V block at d = 256") {
+  // One Q block (Nq = 64), non-causal, bf16, against Nk = 128 and 256 keys:
+  // the (dK, dV) kernel's K/V blocks are alike, so its part of the model
+  // doubles, and so do the dQ kernel's reads of Kj and Vj. What does not
+  // double is the reads of Qi's and dOi's rows: per K/V block (2, then 4)
+  // at d = 256, once at d = 64 and 128, where the warps hold them in
+  // registers (dq_holds_rows).
+  const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
+  for (std::int64_t d : {64, 128, 256}) {
+    CAPTURE(d);
+    Problem p = make_problem(1, 1, 64, 128, d, false);
+    p.dtype = flashstep::DType::kBf16;
+    const Cost shorter = deterministic->backward_model(p);
+    p.Nk = 256;
+    const Cost longer = deterministic->backward_model(p);
+    const std::int64_t rows_once = 2 * 64 * d * 2;  // Qi and dOi, 64 rows of d bf16
+    const bool held = flashstep::tensor_core::bwd::dq_holds_rows(static_cast<int>(d));
+    CHECK(held == (d <= 128));
+    CHECK(longer.sram_read_bytes - 2 * shorter.sram_read_bytes == (held ? -rows_once : 0));
+  }
+}
+
 TEST_CASE("stage 07's backward model on grouped heads: K/V blocks read and dK, dV written once per group") {
   // B = 1, H = 4, H_kv = 1, N = 256, d = 64 (K/V blocks of 64 keys): the
   // (dK, dV) kernel runs 4 blocks, not 16, and reads Kj, Vj and writes dK_j,
@@ -399,7 +423,8 @@ TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the c
           const std::int64_t from = bwd::first_row(key0, Nq, Nk, causal) / bwd::kBr * bwd::kBr;
           for (std::int64_t i = 0; i < Nq; ++i) {
             const std::int64_t q0 = i / bwd::kBr * bwd::kBr;
-            const int diag = bwd::tile_diag(q0, key0, Nq, Nk);
+            const int diag = bwd::tile_diag(static_cast<int>(q0), static_cast<int>(key0),
+                                            static_cast<int>(Nq), static_cast<int>(Nk));
             const bool whole = bwd::whole_tile(keys, Bc, causal, diag);
             for (int key = 0; key < keys; ++key) {
               const bool kernel =
@@ -410,6 +435,29 @@ TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the c
           }
         }
         CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("stage 07's tile_diag sums in 32 bits without overflow, at the largest Nq and Nk") {
+  namespace bwd = flashstep::tensor_core::bwd;
+  // The 64-bit sum and clamp tile_diag replaces, at tile corners from the
+  // first to the last of sequences up to 2^31 - 1 long.
+  constexpr std::int64_t kMax = std::numeric_limits<int>::max();
+  constexpr std::int64_t kClamp = 2 * (bwd::kBr + bwd::kMaxBc);
+  for (std::int64_t Nq : {std::int64_t{1}, std::int64_t{1000}, kMax - 1, kMax}) {
+    for (std::int64_t Nk : {std::int64_t{1}, std::int64_t{1000}, kMax - 1, kMax}) {
+      for (std::int64_t q0 : {std::int64_t{0}, Nq / 2, Nq - 1}) {
+        for (std::int64_t key0 : {std::int64_t{0}, Nk / 2, Nk - 1}) {
+          const std::int64_t diag = std::clamp(q0 + Nk - Nq - key0, -kClamp, kClamp);
+          CAPTURE(Nq);
+          CAPTURE(Nk);
+          CAPTURE(q0);
+          CAPTURE(key0);
+          CHECK(bwd::tile_diag(static_cast<int>(q0), static_cast<int>(key0), static_cast<int>(Nq),
+                               static_cast<int>(Nk)) == diag);
+        }
       }
     }
   }

@@ -226,6 +226,31 @@ __device__ inline void product_abt(float (&acc)[kTiles][4], const Elem* A, const
   }
 }
 
+/// product_abt with A's fragments held in registers: a[ks] is k16 step ks of
+/// the warp's 16 rows, loaded once for many products (dq_kernel's Qi and
+/// dOi rows).
+template <typename Elem, int kHeadDim, int kTiles>
+__device__ inline void product_abt_held(float (&acc)[kTiles][4],
+                                        const std::uint32_t (&a)[kHeadDim / kMmaK][4],
+                                        const Elem* B, const LaneOffsets<kHeadDim>& at_bk) {
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) {
+#pragma unroll
+    for (int np = 0; np < kTiles / 2; ++np) {
+      std::uint32_t b[4];
+      load_b_k<Elem, kHeadDim, true>(b, B, at_bk, np * 2 * kMmaN, ks * kMmaK);
+      const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+      sm80::mma_m16n8k16<Elem>(acc[2 * np], a[ks], b_lo);
+      sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a[ks], b_hi);
+    }
+  }
+}
+
 /// acc[16 x kOutTiles * 8] += A (register fragments of kSteps k16 steps,
 /// from accumulators) times columns col0 .. of tile B [k rows][kHeadDim]
 /// (ldmatrix.trans: B's rows are the k index). dV += P^T dOi, dK += dS^T Qi,
@@ -302,22 +327,40 @@ __device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
 #endif
 }
 
-/// Starts the copies of a Q block, Qi and dOi, into their buffers (cp.async)
-/// and loads its rows' L and D (plain loads: 2 Br floats): the rows from q0
-/// on of the query head bh whose row 0 is row head_row = bh Nq of
-/// [heads * Nq]. Rows past Nq get Q = dO = 0, L = +inf (P = 0) and D = 0.
+/// Starts the copies of a Q block, Qi and dOi and its rows' L and D, into
+/// their buffers (cp.async): the rows from q0 on of the query head bh whose
+/// row 0 is row head_row = bh Nq of [heads * Nq]. Rows past Nq get Q = dO = 0,
+/// L = +inf (P = 0) and D = 0. Every Q block but a ragged last one has all
+/// its rows, and with d equal to the bucket and 16-byte aligned tensors takes
+/// load_full_tile_async: one address per tile and constant offsets, where
+/// load_tile's per-chunk row, column and bounds arithmetic was most of the
+/// loop head's instructions. Its L and D come by 4-byte cp.async: loaded and
+/// stored by the first two warps, they held those warps at the store for the
+/// load's latency, every Q block. The ragged block, which needs the +inf,
+/// loads them plainly.
 template <typename Elem, typename C>
 __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t head_row, int q0,
                                     Elem* Qi, Elem* dOi, float* Ls, float* Ds) {
   const std::int64_t row0 = head_row + q0;
-  load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, p.Nq - q0,
-                                                              p.d, p.vec);
-  load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, p.Nq - q0,
-                                                              p.d, p.vec);
+  const bool all_rows = q0 <= p.Nq - kBr;
+  if (p.vec && p.d == C::kHeadDim && all_rows) {
+    sm80::load_full_tile_async<Elem, kBr, C::kHeadDim, C::kThreads>(Qi, p.Q + row0 * C::kHeadDim);
+    sm80::load_full_tile_async<Elem, kBr, C::kHeadDim, C::kThreads>(dOi, p.dO + row0 * C::kHeadDim);
+  } else {
+    load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, p.Nq - q0,
+                                                                p.d, p.vec);
+    load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, p.Nq - q0,
+                                                                p.d, p.vec);
+  }
   if (threadIdx.x < kBr) {
-    const bool inside = static_cast<int>(threadIdx.x) < p.Nq - q0;
-    Ls[threadIdx.x] = inside ? p.L_log2[row0 + threadIdx.x] : INFINITY;
-    Ds[threadIdx.x] = inside ? p.D[row0 + threadIdx.x] : 0.0f;
+    if (all_rows) {
+      sm80::cp_async_4(Ls + threadIdx.x, p.L_log2 + row0 + threadIdx.x);
+      sm80::cp_async_4(Ds + threadIdx.x, p.D + row0 + threadIdx.x);
+    } else {
+      const bool inside = static_cast<int>(threadIdx.x) < p.Nq - q0;
+      Ls[threadIdx.x] = inside ? p.L_log2[row0 + threadIdx.x] : INFINITY;
+      Ds[threadIdx.x] = inside ? p.D[row0 + threadIdx.x] : 0.0f;
+    }
   }
 }
 
@@ -338,6 +381,12 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   const int g = lane / 4, t = lane % 4;
   const int key_row0 = warp % C::kKeyGroups * kMmaM;  // this warp's 16 keys of Kj, Vj
   const int col0 = C::kDSplit == 1 ? 0 : warp / C::kKeyGroups * C::kWarpCols;  // its columns of dK_j, dV_j
+  // col0 (0 or 128 at d = 256) is a runtime value and a whole number of
+  // swizzle spans: the dV and dK products take it on the tile's pointer, so
+  // that the columns they pass to their lane table (at_bv) stay compile-time
+  // constants. Passed as a column it indexed the table at run time, and
+  // ptxas put the table in local memory: six local loads every query slice.
+  static_assert(C::kWarpCols % sm80::kSwizzleSpan == 0, "col0 moves by whole swizzle spans");
   const int key0 = j * kBc;
   const int keys_valid = min(kBc, p.Nk - key0);
   Elem* dKh = p.dK + kv * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
@@ -434,8 +483,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
           }
         }
       }
-      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim,
-                                                              col0, at_bv);  // line 12
+      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim + col0,
+                                                              0, at_bv);  // line 12
       float dP[C::kQTiles][4];  // dP^T, then dS^T
       product_abt<Elem, C::kHeadDim, C::kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
                                                  at_bk);                     // line 13
@@ -446,8 +495,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
           dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
         }
       }
-      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim,
-                                                              col0, at_bv);  // line 16
+      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim + col0,
+                                                              0, at_bv);  // line 16
       if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS^T
 #pragma unroll
         for (int nt = 0; nt < C::kQTiles; ++nt) {
@@ -566,6 +615,8 @@ struct DQConfig {
   static constexpr int kBc = kDQBc;
   static constexpr int kKTiles = kBc / kMmaN;        // n8 tiles of S over the keys
   static constexpr int kDTiles = kHeadDim / kMmaN;   // n8 tiles of dQ
+  static constexpr int kDSteps = kHeadDim / kMmaK;   // k16 steps over d (S, dP)
+  static constexpr bool kHoldRows = dq_holds_rows(kHeadDim);  // Qi, dOi fragments in registers
   static constexpr int kQElems = kBr * kHeadDim;
   static constexpr int kKVElems = kBc * kHeadDim;
   // Qi, dOi once; Kj and Vj double-buffered.
@@ -605,13 +656,25 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   const int n_blocks = seen_keys == 0 ? 0 : (seen_keys - 1) / kBc + 1;
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
+  // Every K/V block but a ragged last one by load_full_tile_async, as the
+  // (dK, dV) kernel's Q blocks (load_q_block). Not at d = 256: there the
+  // kernel sits at 252 registers and ptxas -v showed it spill with both
+  // paths (12 bytes stored, outside the loop).
   auto load_kv = [&](int j, int buf) {
     const int key0 = j * kBc;
-    load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
-        Kbuf + buf * C::kKVElems, p.K + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
-    load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
-        Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+    if (C::kHeadDim <= 128 && p.vec && p.d == C::kHeadDim && key0 <= p.Nk - kBc) {
+      sm80::load_full_tile_async<Elem, kBc, C::kHeadDim, C::kThreads>(
+          Kbuf + buf * C::kKVElems, p.K + (kv * p.Nk + key0) * C::kHeadDim);
+      sm80::load_full_tile_async<Elem, kBc, C::kHeadDim, C::kThreads>(
+          Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * C::kHeadDim);
+    } else {
+      load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
+          Kbuf + buf * C::kKVElems, p.K + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+      load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
+          Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
+    }
   };
+
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, rows_valid,
                                                               p.d, p.vec);
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, rows_valid,
@@ -627,6 +690,7 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   }
   const Elem* Qw = Qi + q_row0 * C::kHeadDim;    // this warp's rows
   const Elem* dOw = dOi + q_row0 * C::kHeadDim;
+  std::uint32_t Qa[C::kHoldRows ? C::kDSteps : 1][4], dOa[C::kHoldRows ? C::kDSteps : 1][4];
   for (int j = 0; j < n_blocks; ++j) {
     const int buf = j % 2;
     const Elem* Kj = Kbuf + buf * C::kKVElems;
@@ -642,7 +706,18 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
     const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
 
     float S[C::kKTiles][4];  // S, then P: rows queries, columns keys
-    product_abt<Elem, C::kHeadDim, C::kKTiles>(S, Qw, Kj, 0, at_a, at_bk);
+    if constexpr (C::kHoldRows) {
+      if (j == 0) {  // Qi and dOi arrived with the first K/V block
+#pragma unroll
+        for (int ks = 0; ks < C::kDSteps; ++ks) {
+          load_a<Elem, C::kHeadDim, true>(Qa[ks], Qw, at_a, 0, ks * kMmaK);
+          load_a<Elem, C::kHeadDim, true>(dOa[ks], dOw, at_a, 0, ks * kMmaK);
+        }
+      }
+      product_abt_held<Elem, C::kHeadDim, C::kKTiles>(S, Qa, Kj, at_bk);
+    } else {
+      product_abt<Elem, C::kHeadDim, C::kKTiles>(S, Qw, Kj, 0, at_a, at_bk);
+    }
 #pragma unroll
     for (int nt = 0; nt < C::kKTiles; ++nt) {
 #pragma unroll
@@ -662,7 +737,11 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
       }
     }
     float dP[C::kKTiles][4];  // dP, then dS
-    product_abt<Elem, C::kHeadDim, C::kKTiles>(dP, dOw, Vj, 0, at_a, at_bk);
+    if constexpr (C::kHoldRows) {
+      product_abt_held<Elem, C::kHeadDim, C::kKTiles>(dP, dOa, Vj, at_bk);
+    } else {
+      product_abt<Elem, C::kHeadDim, C::kKTiles>(dP, dOw, Vj, 0, at_a, at_bk);
+    }
 #pragma unroll
     for (int nt = 0; nt < C::kKTiles; ++nt) {
 #pragma unroll

@@ -57,7 +57,8 @@ void backward_mirror(const Problem& p, const HostBackwardTensors& t) {
         float* dQm = dQ_accum.data() + m * p.Nq * p.d;    // [Nq, d]
         for (std::int64_t q0 = row_first / bwd::kBr * bwd::kBr; q0 < p.Nq; q0 += bwd::kBr) {
           // The kernel's mask, pair by pair (a masked pair has P = 0 there).
-          const int diag = bwd::tile_diag(q0, key0, p.Nq, p.Nk);
+          const int diag = bwd::tile_diag(static_cast<int>(q0), static_cast<int>(key0),
+                                          static_cast<int>(p.Nq), static_cast<int>(p.Nk));
           const bool whole = bwd::whole_tile(keys, Bc, p.causal, diag);
           for (int q = 0; q < bwd::kBr && q0 + q < p.Nq; ++q) {
             const std::int64_t i = q0 + q;

@@ -33,7 +33,9 @@
 //   warps of a key group both compute S^T and dP^T (counted: executed work).
 //   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
 //   per Q block of R rows over C visited keys) and drops the dQ product from
-//   the dK, dV kernel.
+//   the dK, dV kernel. Its shared-memory reads: each warp its 16 rows of Qi
+//   and dOi per K/V block (once, at the first, where it holds them in
+//   registers: dq_holds_rows), all of Kj twice and Vj once.
 // - Non-matmul FLOPs: per score the FFMA (2), exp2, dP - D, times P (5); the
 //   deterministic dQ kernel repeats them.
 // - Conversion pass (atomic variant): 4 d read, d elements written per row,
@@ -108,8 +110,10 @@ Cost backward_model(const Problem& p) {
       head.hbm_read_bytes += 2 * R * d * e + 2 * R * kFloatBytes + 2 * C * d * e;
       head.hbm_write_bytes += R * d * e;
       head.sram_write_bytes += 2 * R * d * e + 2 * C * d * e;
-      // Each warp: its rows of Qi and dOi per K/V block, all of Kj (twice) and Vj.
-      head.sram_read_bytes += n * 2 * R * d * e + bwd::kDQWarps * 3 * C * d * e;
+      // Each warp: its rows of Qi and dOi per K/V block, or once where it
+      // holds them in registers; all of Kj (twice) and Vj.
+      const std::int64_t row_reads = bwd::dq_holds_rows(bucket) ? std::min<std::int64_t>(n, 1) : n;
+      head.sram_read_bytes += row_reads * 2 * R * d * e + bwd::kDQWarps * 3 * C * d * e;
       head.matmul_flops += 6 * R * C * d;
       head.nonmatmul_flops += kFlopsPerScore * R * C;
     }

@@ -85,6 +85,16 @@ inline constexpr int kDQWarps = 4;
 /// accumulators (16 x 64 each, 32 registers) fit beside dQ's at d = 256.
 inline constexpr int kDQBc = 64;
 
+/// Whether the dQ kernel's warps hold the A fragments of their 16 rows of Qi
+/// and dOi in registers for the whole loop over K/V blocks (2 d / 4 registers
+/// a thread), loading them once instead of for S and dP at every K/V block,
+/// where they were a fifth of the loop's ldmatrix. ptxas -v on sm_90: 156 ->
+/// 165 registers at d = 64 (three 4-warp blocks an SM still: the limit is
+/// 168), 173 -> 241 at d = 128 (two blocks, as the kernel's 96 KiB of shared
+/// memory already allowed); at d = 256, 128 more registers, ptxas spilled
+/// about a kilobyte, so there they are read from shared memory as before.
+constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 128; }
+
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
 /// block of several heads.
 inline constexpr std::int64_t kMaxGridY = 65535;
@@ -102,11 +112,16 @@ inline constexpr int kPrepRowsPerBlock = 8;
 ///
 /// tile_diag clamps diag to +-2 (kBr + kMaxBc): beyond that every pair (or
 /// no pair) of the tile is visible alike, and the offsets stay small ints.
-FLASHSTEP_HOST_DEVICE constexpr int tile_diag(std::int64_t q0, std::int64_t key0, std::int64_t Nq,
-                                              std::int64_t Nk) {
-  constexpr std::int64_t kClamp = 2 * (kBr + kMaxBc);
-  const std::int64_t diag = q0 + Nk - Nq - key0;
-  return static_cast<int>(diag < -kClamp ? -kClamp : diag > kClamp ? kClamp : diag);
+/// It takes a tile's corner, 0 <= q0 < Nq and 0 <= key0 < Nk, with Nq and Nk
+/// ints (validate() bounds them by 2^31 - 1), and sums diag in 32 bits as
+/// (q0 - Nq) + (Nk - key0): the first term lies in [-Nq, 0), the second in
+/// (0, Nk], so neither they nor their sum overflow. The kernels compute it
+/// once per tile in their loops, where the 64-bit sum and clamp took a dozen
+/// instructions and the 32-bit ones take three.
+FLASHSTEP_HOST_DEVICE constexpr int tile_diag(int q0, int key0, int Nq, int Nk) {
+  constexpr int kClamp = 2 * (kBr + kMaxBc);
+  const int diag = (q0 - Nq) + (Nk - key0);
+  return diag < -kClamp ? -kClamp : diag > kClamp ? kClamp : diag;
 }
 
 FLASHSTEP_HOST_DEVICE constexpr bool visible(int key, int q, int keys_valid, bool causal,

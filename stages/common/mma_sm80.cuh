@@ -119,6 +119,16 @@ __device__ inline void cp_async_16(void* smem_dst, const void* gmem_src, bool va
                "l"(gmem_src), "n"(kChunkBytes), "r"(src_bytes));
 }
 
+/// The 4-byte form (`.ca`: copies under 16 bytes go through L1), for rows of
+/// fp32 scalars that are 4-byte aligned but not 16: the value lands in shared
+/// memory without passing through a register, so the thread does not wait
+/// for the load to store it (a plain load and store would stall the warp on
+/// the load's latency at that point).
+__device__ inline void cp_async_4(void* smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_address(smem_dst)),
+               "l"(gmem_src));
+}
+
 /// Closes the group of cp.async copies this thread started since the last
 /// commit (section "cp.async.commit_group").
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

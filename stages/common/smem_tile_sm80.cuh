@@ -107,6 +107,33 @@ __device__ inline void load_tile(Elem* tile, const Elem* src, int rows_valid, in
   }
 }
 
+/// load_tile's fast path by cp.async, for a tile with nothing to check: all
+/// kRows rows inside the array, rows exactly kCols elements long (d equal to
+/// the tile's width) and 16-byte aligned. The chunks are then the tile's
+/// kRows * kCols elements in order, so a thread's first chunk starts at
+/// element tid * 8 of src and its k-th a compile-time distance after it;
+/// its shared-memory chunks are load_tile's. load_tile works out every
+/// chunk's row and column, checks them and selects its address: about 10
+/// integer instructions a chunk, against 2 here (the 64-bit add: cp.async
+/// takes no offset on its global address). In a loop that streams a Q or
+/// K/V block past every few hundred instructions that is a tenth of the loop
+/// (stage 07's backward).
+template <typename Elem, int kRows, int kCols, int kThreads>
+__device__ inline void load_full_tile_async(Elem* tile, const Elem* src) {
+  constexpr int kChunksPerRow = kCols / kChunkElems;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0,
+                "the threads cover whole rows, and the tile whole passes");
+  const int row0 = threadIdx.x / kChunksPerRow;
+  const int col = threadIdx.x % kChunksPerRow * kChunkElems;
+  const Elem* from = src + threadIdx.x * kChunkElems;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    sm80::cp_async_16(tile + tile_offset<kCols, true>(row0 + pass * kRowsPerPass, col),
+                      from + pass * kRowsPerPass * kCols, true);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Fragments from shared memory (the picture in common/mma_sm80.cuh).
 // lane = threadIdx.x % 32, g = lane / 4, t = lane % 4.
