@@ -381,6 +381,15 @@ struct MmaTiles {
   static constexpr int kSTiles = kWarpKeys / sm80::kMmaN;   // n8 tiles of a warp's S row
   static constexpr int kOTiles = kD / sm80::kMmaN;          // n8 tiles of a row of O~
   static constexpr int kQKSteps = kD / sm80::kMmaK;         // k16 steps of Q K^T
+  // Accumulators per n8 tile of S, each summing every kQKChains-th k-step.
+  // With one, a warp's product of S was two chains (its two n8 tiles) of
+  // kQKSteps dependent mma each, 8 at d = 128: the tile's softmax waited
+  // 8 mma latencies for its scores, with nothing else to issue (a decode has
+  // one or two such warps per SM sub-partition). Two halve the chain and give
+  // the tensor pipe 4 independent mma per m16 tile; they cost 8 registers
+  // per m16 tile and 4 adds a lane. More would leave chains of 2 (1 at
+  // d = 64) for 8 more registers each.
+  static constexpr int kQKChains = 2;
   // The merge's O_w rows in fp32, padded by 8 floats: a warp's 8 row groups
   // g write float2s at columns 2t, and with 8 more words per row the 16 lanes
   // of each half-warp store land in 32 different banks.
@@ -524,14 +533,21 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
       // written.
       auto tile_step = [&](auto live_tiles, const Elem* Kb, const Elem* Vb, int kt) {
         constexpr int kLive = decltype(live_tiles)::value;
-        // S = Q K^T for the warp's rows and its 16 keys (line 8).
-        float S[kLive][T::kSTiles][4];
+        // S = Q K^T for the warp's rows and its 16 keys (line 8), summed
+        // over the k-steps in kQKChains accumulators per n8 tile (step ks
+        // into ks % kQKChains), added up at the end: each mma waits for the
+        // previous one on its accumulator, so the products of a tile finish
+        // after kQKSteps / kQKChains mma latencies, not kQKSteps.
+        float S_part[T::kQKChains][kLive][T::kSTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < kLive; ++mt) {
+        for (int ch = 0; ch < T::kQKChains; ++ch) {
 #pragma unroll
-          for (int nt = 0; nt < T::kSTiles; ++nt) {
+          for (int mt = 0; mt < kLive; ++mt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) S[mt][nt][e] = 0.0f;
+            for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) S_part[ch][mt][nt][e] = 0.0f;
+            }
           }
         }
 #pragma unroll
@@ -543,8 +559,21 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
           for (int mt = 0; mt < kLive; ++mt) {
             std::uint32_t a[4];
             sm80::ldmatrix_x4(a, Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
-            sm80::mma_m16n8k16<Elem>(S[mt][0], a, b_lo);
-            sm80::mma_m16n8k16<Elem>(S[mt][1], a, b_hi);
+            sm80::mma_m16n8k16<Elem>(S_part[ks % T::kQKChains][mt][0], a, b_lo);
+            sm80::mma_m16n8k16<Elem>(S_part[ks % T::kQKChains][mt][1], a, b_hi);
+          }
+        }
+        float S[kLive][T::kSTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kLive; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              S[mt][nt][e] = S_part[0][mt][nt][e];
+#pragma unroll
+              for (int ch = 1; ch < T::kQKChains; ++ch) S[mt][nt][e] += S_part[ch][mt][nt][e];
+            }
           }
         }
         // Scaled scores in log2 units; keys a row may not see are -inf
