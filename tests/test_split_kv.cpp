@@ -379,3 +379,26 @@ TEST_CASE("stage 09 in bf16 and fp16: the mirror passes FlashAttention's rule an
     }
   }
 }
+
+TEST_CASE("stage 09 in bf16: Q's fragments are read once a split where held in registers, else once a tile") {
+  // One query, one head, one split of two K/V tiles, no mask. SRAM reads by
+  // hand (split_kv_model.cpp's conventions), S slices of the tile, RG warps
+  // sharing a slice, 2-byte elements, fp32 for the slices' merge:
+  //   d = 128 (mma_q_in_registers): 32-key tiles, S = 2, RG = 2; Nk = 64.
+  //     Q 2 slices x 128 x 2 B once = 512; K and V 2 x 2 x 64 x 128 x 2 B
+  //     = 65,536; merge (2 S + 2 S d + 1) x 4 B = 2,068: 68,116.
+  //   d = 64: 64-key tiles, S = 4, RG = 1; Nk = 128.
+  //     Q 4 slices x 64 x 2 B per tile, two tiles = 1,024; K and V
+  //     2 x 1 x 128 x 64 x 2 B = 32,768; merge (8 + 512 + 1) x 4 B = 2,084:
+  //     35,876.
+  CHECK(sk::mma_q_in_registers(128));
+  CHECK_FALSE(sk::mma_q_in_registers(64));
+  Problem held = flashstep::test::make_problem(1, 1, 1, 64, 128, false);
+  held.dtype = flashstep::DType::kBf16;
+  REQUIRE(sk::make_plan(held, sk::kModelSmCount).splits == 1);
+  CHECK(sk::model(held).sram_read_bytes == 68116);
+  Problem per_tile = flashstep::test::make_problem(1, 1, 1, 128, 64, false);
+  per_tile.dtype = flashstep::DType::kBf16;
+  REQUIRE(sk::make_plan(per_tile, sk::kModelSmCount).splits == 1);
+  CHECK(sk::model(per_tile).sram_read_bytes == 35876);
+}

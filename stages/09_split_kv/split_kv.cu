@@ -390,6 +390,11 @@ struct MmaTiles {
   // per m16 tile and 4 adds a lane. More would leave chains of 2 (1 at
   // d = 64) for 8 more registers each.
   static constexpr int kQKChains = 2;
+  // Q's A fragments held in registers for the whole split (split_kv_plan.h),
+  // as [kQHeldTiles][kQHeldSteps][4]; one unused fragment where they are not.
+  static constexpr bool kQInRegisters = mma_q_in_registers(kD);
+  static constexpr int kQHeldTiles = kQInRegisters ? kWarpMTiles : 1;
+  static constexpr int kQHeldSteps = kQInRegisters ? kQKSteps : 1;
   // The merge's O_w rows in fp32, padded by 8 floats: a warp's 8 row groups
   // g write float2s at columns 2t, and with 8 more words per row the 16 lanes
   // of each half-warp store land in 32 different banks.
@@ -523,6 +528,10 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         }
       }
 
+      // Q's A fragments of the warp's m16 tiles, where they stay in registers
+      // for the split (T::kQInRegisters): loaded once Q has landed, below.
+      std::uint32_t Qa[T::kQHeldTiles][T::kQHeldSteps][4];
+
       // One K/V tile's work (lines 8-10 of Algorithm 1) for the warp's first
       // kLive m16 tiles. A warp whose rows are all padding skips them: with
       // two m16 tiles a warp (d = 64) and a row tile of at most 16 rows
@@ -558,7 +567,12 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
 #pragma unroll
           for (int mt = 0; mt < kLive; ++mt) {
             std::uint32_t a[4];
-            sm80::ldmatrix_x4(a, Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
+            if constexpr (T::kQInRegisters) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) a[i] = Qa[mt][ks][i];
+            } else {
+              sm80::ldmatrix_x4(a, Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
+            }
             sm80::mma_m16n8k16<Elem>(S_part[ks % T::kQKChains][mt][0], a, b_lo);
             sm80::mma_m16n8k16<Elem>(S_part[ks % T::kQKChains][mt][1], a, b_hi);
           }
@@ -664,14 +678,32 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
       // m16 tiles of the warp that hold valid rows (warp-uniform).
       const int live = min(max((rows - warp_row0 + kMmaM - 1) / kMmaM, 0), T::kWarpMTiles);
 
+      // Q and tile 0 (the first group) have arrived for this thread (at most
+      // kStages - 2 younger groups pending); the barrier shows every
+      // thread's copies. The tile loop below ends with the same wait and
+      // barrier for the next tile: one barrier a tile, and Q's fragments can
+      // be taken before the loop.
+      sm80::cp_async_wait<T::kStages - 2>();
+      __syncthreads();
+      if constexpr (T::kQInRegisters) {
+        if (tiles > 0) {
+#pragma unroll
+          for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+            if (mt >= live) continue;  // warp-uniform: padding rows are never multiplied
+#pragma unroll
+            for (int ks = 0; ks < T::kQKSteps; ++ks) {
+              sm80::ldmatrix_x4(Qa[mt][ks], Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
+            }
+          }
+        }
+      }
+
       for (int tt = 0; tt < tiles; ++tt) {
-        // Tile tt has arrived for this thread (at most kStages - 2 younger
-        // groups pending); the barrier shows every thread's copies, and says
-        // every warp is done with tile tt - 1, whose stage the copies of
-        // tile tt + kStages - 1 then overwrite. Every warp, padding or not,
-        // copies its share and meets the barrier.
-        sm80::cp_async_wait<T::kStages - 2>();
-        __syncthreads();
+        // The copies of tile tt + kStages - 1 go into the stage of tile
+        // tt - 1, which every warp was done with at the barrier that ended
+        // the previous iteration (or, for tt = 0, a stage not used yet).
+        // Every warp, padding or not, copies its share and meets the
+        // barriers.
         if (tt + T::kStages - 1 < tiles) load_kv(tt + T::kStages - 1);
         sm80::cp_async_commit();
         const int buf = tt % T::kStages;
@@ -683,6 +715,10 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         } else if constexpr (T::kWarpMTiles > 1) {
           if (live == 1) tile_step(std::integral_constant<int, 1>{}, Kb, Vb, kt);
         }
+        // Tile tt + 1 has arrived for this thread; the barrier shows every
+        // thread's copies and says every warp is done with tile tt.
+        sm80::cp_async_wait<T::kStages - 2>();
+        __syncthreads();
       }
 
       // The warps' partials: L_w = (m + log2 l) ln 2 and O_w = O~ / l per

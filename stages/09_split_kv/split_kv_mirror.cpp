@@ -162,13 +162,19 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
   c.sram_write_bytes += rows * d * E;  // ... staged in p.dtype
   const auto n = static_cast<size_t>(slices * rows);
   std::vector<float> m(n, -INFINITY), l(n, 0.0f), acc(n * static_cast<size_t>(d), 0.0f);
+  // Q's fragments: each slice's warps read all the rows of Q, once per K/V
+  // tile, or once per split where the warps hold them in registers
+  // (mma_q_in_registers) and the split has a tile.
+  const std::int64_t q_frag_bytes = slices * rows * d * E;
+  if (mma_q_in_registers(kD) && u.k_hi > u.k_lo) c.sram_read_bytes += q_frag_bytes;
   for (std::int64_t kt = u.k_lo; kt < u.k_hi; kt += tile_keys) {
     const std::int64_t keys = std::min(tile_keys, u.k_hi - kt);
     c.hbm_read_bytes += 2 * keys * d * E;    // the K and V tiles
     c.sram_write_bytes += 2 * keys * d * E;  // ... staged in p.dtype
-    // Fragments: each slice's warps read all the rows of Q, and each key of
-    // K and V is read by the row groups' warps that share its slice.
-    c.sram_read_bytes += (slices * rows + 2 * row_groups * keys) * d * E;
+    // Fragments: Q's (above), and each key of K and V read by the row
+    // groups' warps that share its slice.
+    if (!mma_q_in_registers(kD)) c.sram_read_bytes += q_frag_bytes;
+    c.sram_read_bytes += 2 * row_groups * keys * d * E;
     for (std::int64_t w = 0; w < slices; ++w) {
       const std::int64_t k0 = kt + w * kWarpKeys;
       const std::int64_t wkeys = std::clamp<std::int64_t>(u.k_hi - k0, 0, kWarpKeys);
