@@ -132,7 +132,7 @@ constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 ///   fp32 (split_kernel, 256 threads)   d = 64, 128: 128 registers, 2 blocks
 ///                                      d = 256: 214 registers, 1 block
 ///   16 bits (split_mma_kernel, 128)    d = 64: 168 registers, 69 KiB: 3
-///                                      d = 128: 219 registers, 105 KiB: 2
+///                                      d = 128: 236 registers, 105 KiB: 2
 ///                                      d = 256: 255 registers, 113 KiB: 2
 ///
 /// The split rule counts waves of blocks with it; a GPU test checks it
