@@ -424,9 +424,11 @@ struct MmaTiles {
   static_assert(kK % 16 == 0 && kV % 16 == 0 && kLw % 16 == 0, "16-byte aligned arrays");
 };
 
-/// The split kernel for 16-bit Elem (__nv_bfloat16 or __half).
+/// The split kernel for 16-bit Elem (__nv_bfloat16 or __half), bound to the
+/// blocks an SM holds that the split rule counts on (resident_blocks, the
+/// same for both 16-bit types).
 template <int kD, typename Elem>
-__global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
+__global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType::kBf16, kD))
     split_mma_kernel(const Params<Elem> p) {
   using T = MmaTiles<kD>;
   using sm80::kMmaK;
@@ -557,14 +559,21 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
       // rows 16..31: half the mma of S and of P~ V and half the exponentials.
       // Their m, l and O~ stay as set above, and padding rows are never
       // written.
-      auto tile_step = [&](auto live_tiles, const Elem* Kb, const Elem* Vb, int kt) {
+      //
+      // The work is two steps, the mma of S (score_mma) and the rest
+      // (softmax_pv), and the next K/V tile's copies are issued between them
+      // (the tile loop below): the warp's copy instructions then issue while
+      // the products run, instead of delaying the tile's first ldmatrix and
+      // mma, and the first use of S waits for the products after them.
+      //
+      // S = Q K^T for the warp's rows and its 16 keys (line 8), summed over
+      // the k-steps in kQKChains accumulators per n8 tile (step ks into
+      // S_part[ks % kQKChains]), added up in softmax_pv: each mma waits for
+      // the previous one on its accumulator, so the products of a tile
+      // finish after kQKSteps / kQKChains mma latencies, not kQKSteps.
+      using ScoreParts = float[T::kQKChains][T::kWarpMTiles][T::kSTiles][4];
+      auto score_mma = [&](auto live_tiles, const Elem* Kb, ScoreParts& S_part) {
         constexpr int kLive = decltype(live_tiles)::value;
-        // S = Q K^T for the warp's rows and its 16 keys (line 8), summed
-        // over the k-steps in kQKChains accumulators per n8 tile (step ks
-        // into ks % kQKChains), added up at the end: each mma waits for the
-        // previous one on its accumulator, so the products of a tile finish
-        // after kQKSteps / kQKChains mma latencies, not kQKSteps.
-        float S_part[T::kQKChains][kLive][T::kSTiles][4];
 #pragma unroll
         for (int ch = 0; ch < T::kQKChains; ++ch) {
 #pragma unroll
@@ -594,6 +603,9 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
             sm80::mma_m16n8k16<Elem>(S_part[ks % T::kQKChains][mt][1], a, b_hi);
           }
         }
+      };
+      auto softmax_pv = [&](auto live_tiles, const Elem* Vb, int kt, const ScoreParts& S_part) {
+        constexpr int kLive = decltype(live_tiles)::value;
         float S[kLive][T::kSTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kLive; ++mt) {
@@ -721,16 +733,24 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         // the previous iteration (or, for tt = 0, a stage not used yet).
         // Every warp, padding or not, copies its share and meets the
         // barriers.
-        if (tt + T::kStages - 1 < tiles) load_kv(tt + T::kStages - 1);
-        sm80::cp_async_commit();
         const int buf = tt % T::kStages;
         const Elem* Kb = Ks + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
         const Elem* Vb = Vs + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
         const int kt = k_lo + tt * T::kTileKeys;  // the tile's first key
+        constexpr auto all_tiles = std::integral_constant<int, T::kWarpMTiles>{};
+        constexpr auto one_tile = std::integral_constant<int, 1>{};
+        ScoreParts S_part;
         if (live == T::kWarpMTiles) {
-          tile_step(std::integral_constant<int, T::kWarpMTiles>{}, Kb, Vb, kt);
-        } else if constexpr (T::kWarpMTiles > 1) {
-          if (live == 1) tile_step(std::integral_constant<int, 1>{}, Kb, Vb, kt);
+          score_mma(all_tiles, Kb, S_part);
+        } else if (T::kWarpMTiles > 1 && live == 1) {
+          score_mma(one_tile, Kb, S_part);
+        }
+        if (tt + T::kStages - 1 < tiles) load_kv(tt + T::kStages - 1);
+        sm80::cp_async_commit();
+        if (live == T::kWarpMTiles) {
+          softmax_pv(all_tiles, Vb, kt, S_part);
+        } else if (T::kWarpMTiles > 1 && live == 1) {
+          softmax_pv(one_tile, Vb, kt, S_part);
         }
         // Tile tt + 1 has arrived for this thread; the barrier shows every
         // thread's copies and says every warp is done with tile tt.

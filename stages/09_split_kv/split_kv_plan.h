@@ -132,9 +132,13 @@ constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 ///   fp32 (split_kernel, 256 threads)   d = 64, 128: 128 registers, 2 blocks
 ///                                      d = 256: 214 registers, 1 block
 ///   16 bits (split_mma_kernel, 128)    d = 64: 168 registers, 69 KiB: 3
-///                                      d = 128: 236 registers, 105 KiB: 2
+///                                      d = 128: 253 registers, 105 KiB: 2
 ///                                      d = 256: 255 registers, 113 KiB: 2
 ///
+/// The 16-bit kernel asks ptxas for these blocks (its __launch_bounds__):
+/// at d = 64 that caps it at 168 registers, where the next K/V tile's copies
+/// issued between the mma of S and their use (split_kv.cu) took 187 to 211.
+/// At 128 threads a block, 256 registers a thread still fit two blocks.
 /// The split rule counts waves of blocks with it; a GPU test checks it
 /// against the occupancy the device reports (test_kvcache_gpu.cpp).
 constexpr int resident_blocks(DType t, int kD) {
