@@ -476,9 +476,9 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
       // tile of a split but a ragged last one, at d = 64, 128, 256) takes
       // load_full_tile_async: a thread's first chunk address and constant
       // offsets, where load_tile works out each chunk's row, column, bounds
-      // and source (in SASS, ~80 of the ~525 instructions a warp issued per
-      // tile at d = 128 went to K's copies and as many to V's, ahead of the
-      // tile's first ldmatrix).
+      // and source (in SASS at d = 128, ~75 of the ~410 instructions a warp
+      // issued per full tile went to K's copies and as many to V's, ahead of
+      // the tile's first ldmatrix; with it, ~48 for both).
       const bool full_width = p.vec && p.d == kD;
       auto load_kv = [&](int tt) {
         const int kt = k_lo + tt * T::kTileKeys;
