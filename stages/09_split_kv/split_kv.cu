@@ -358,9 +358,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
 //   d = 128, 256: warps 0, 1 take keys 0..15 (rows 0..15 and 16..31), warps
 //   2, 3 keys 16..31: a warp's O~ is then 16 x d fp32 (64 or 128 registers
 //   a lane), and the tile of 32 keys leaves room for more stages.
+//   d = 128 with at most 16 rows (mma_narrow): one barrier a pair of tiles,
+//   warp w keys 16 w .. 16 w + 15 of the pair's 64, rows 0..15, as at
+//   d = 64 (otherwise warps 1 and 3 would hold padding rows only).
 //
 // Each warp runs Algorithm 1 on its own slice: its own m, l and O~ for its
-// rows, over the keys k_lo + 16 (w / row groups) + tile_keys t + 0..15. At
+// rows, over the keys k_lo + 16 (its slice of a step) + keys_per_step t +
+// 0..15. At
 // the end of the split the warps' (m, l, O~) are partials over disjoint key
 // sets, merged through shared memory with the merge kernel's rule
 // (common/partial_merge.h): L_w = m_w + log l_w, O_w = O~_w / l_w, then
@@ -375,6 +379,11 @@ struct MmaTiles {
   static constexpr int kWarpMTiles = mma_warp_m_tiles(kD);  // m16 tiles a warp holds
   static constexpr int kRowGroups = mma_row_groups(kD);     // warps sharing a key slice
   static constexpr int kSlices = kMmaWarps / kRowGroups;    // key slices of a K/V tile
+  // The narrow layout (mma_narrow: every warp its own slice of a pair of
+  // tiles, for groups of at most 16 rows) and the slices a split's merge
+  // then has at most.
+  static constexpr bool kCanNarrow = mma_narrow(kD, sm80::kMmaM);
+  static constexpr int kMaxSlices = kCanNarrow ? kMmaWarps : kSlices;
   static constexpr int kTileKeys = mma_tile_keys(kD);
   static constexpr int kStages = mma_stages(kD);
   static constexpr int kThreads = kMmaWarps * kWarpSize;
@@ -408,18 +417,18 @@ struct MmaTiles {
   static constexpr std::size_t kKVTileBytes = sizeof(std::uint16_t) * kTileKeys * kD;
   static constexpr std::size_t kK = kQ + kQBytes;                      // Elem Ks [kStages][kTileKeys][kD]
   static constexpr std::size_t kV = kK + kStages * kKVTileBytes;        // Elem Vs [kStages][kTileKeys][kD]
-  static constexpr std::size_t kLw = kV + kStages * kKVTileBytes;       // float [kSlices][kRows]
-  static constexpr std::size_t kW = kLw + sizeof(float) * kSlices * kRows;  // float [kSlices][kRows]: weights
-  static constexpr std::size_t kLrow = kW + sizeof(float) * kSlices * kRows;  // float [kRows]: merged L
+  static constexpr std::size_t kLw = kV + kStages * kKVTileBytes;       // float [kMaxSlices][kRows]
+  static constexpr std::size_t kW = kLw + sizeof(float) * kMaxSlices * kRows;  // float [kMaxSlices][kRows]: weights
+  static constexpr std::size_t kLrow = kW + sizeof(float) * kMaxSlices * kRows;  // float [kRows]: merged L
   static constexpr std::size_t kBytes = kLrow + sizeof(float) * kRows;
-  static constexpr std::size_t kO = kK;  // float Ow [kSlices][kRows][kMergeStride], over the K/V stages
+  static constexpr std::size_t kO = kK;  // float Ow [kMaxSlices][kRows][kMergeStride], over the K/V stages
 
   static_assert(kRows == kRowGroups * kWarpMTiles * sm80::kMmaM, "the warps cover the row tile");
   static_assert(kSTiles == 2, "one ldmatrix.x4 gives a slice's two n8 tiles of K");
   static_assert(kWarpKeys == sm80::kMmaK, "a slice's P~ is one A fragment");
   static_assert(kOTiles % 2 == 0, "one ldmatrix.x4.trans gives two n8 tiles of V");
   static_assert(kD / sm80::kChunkElems >= 8, "the swizzle permutes 8 chunks of a row");
-  static_assert(sizeof(float) * kSlices * kRows * kMergeStride <= 2 * kStages * kKVTileBytes,
+  static_assert(sizeof(float) * kMaxSlices * kRows * kMergeStride <= 2 * kStages * kKVTileBytes,
                 "the merge's O_w fit in the K/V stages");
   static_assert(kK % 16 == 0 && kV % 16 == 0 && kLw % 16 == 0, "16-byte aligned arrays");
 };
@@ -439,17 +448,24 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
   Elem* Qs = reinterpret_cast<Elem*>(smem + T::kQ);   // [kRows][kD]
   Elem* Ks = reinterpret_cast<Elem*>(smem + T::kK);   // [kStages][kTileKeys][kD]
   Elem* Vs = reinterpret_cast<Elem*>(smem + T::kV);   // [kStages][kTileKeys][kD]
-  float* Ow = reinterpret_cast<float*>(smem + T::kO);  // [kSlices][kRows][kMergeStride], at the end
-  float* Lw = reinterpret_cast<float*>(smem + T::kLw);  // [kSlices][kRows]
-  float* Ww = reinterpret_cast<float*>(smem + T::kW);   // [kSlices][kRows]
+  float* Ow = reinterpret_cast<float*>(smem + T::kO);  // [kMaxSlices][kRows][kMergeStride], at the end
+  float* Lw = reinterpret_cast<float*>(smem + T::kLw);  // [kMaxSlices][kRows]
+  float* Ww = reinterpret_cast<float*>(smem + T::kW);   // [kMaxSlices][kRows]
   float* Lrow = reinterpret_cast<float*>(smem + T::kLrow);  // [kRows]
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates (common/mma_sm80.cuh)
-  const int slice = warp / T::kRowGroups;
-  const int warp_row0 = warp % T::kRowGroups * T::kWarpMTiles * kMmaM;  // first row of the warp
-  const int slice_key0 = slice * kWarpKeys;  // first key of the warp's slice in a tile
+  // The warps' layout: warp w takes the 16 keys from slice_key0 of tile
+  // tt + pair_tile of each step (one tile, or a pair in the narrow layout),
+  // rows from warp_row0; it is slice `slice` of the split's merge, of
+  // `slices`. Narrow: warp w has keys 16 w of the pair's 64, rows 0..15.
+  const bool narrow = T::kCanNarrow && p.group_rows <= kMmaM;
+  const int slices = narrow ? kMmaWarps : T::kSlices;
+  const int slice = narrow ? warp : warp / T::kRowGroups;
+  const int pair_tile = narrow ? warp / T::kSlices : 0;
+  const int warp_row0 = narrow ? 0 : warp % T::kRowGroups * T::kWarpMTiles * kMmaM;  // first row of the warp
+  const int slice_key0 = (narrow ? warp % T::kSlices : slice) * kWarpKeys;  // first key of the slice in its tile
   const sm80::LaneOffsets<kD> q_at(sm80::a_point(lane)), k_at(sm80::k_point(lane)),
       v_at(sm80::v_point(lane));
   const std::int64_t units = p.row_tiles * p.splits;
@@ -707,12 +723,20 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
       // m16 tiles of the warp that hold valid rows (warp-uniform).
       const int live = min(max((rows - warp_row0 + kMmaM - 1) / kMmaM, 0), T::kWarpMTiles);
 
-      // Q and tile 0 (the first group) have arrived for this thread (at most
-      // kStages - 2 younger groups pending); the barrier shows every
-      // thread's copies. The tile loop below ends with the same wait and
-      // barrier for the next tile: one barrier a tile, and Q's fragments can
-      // be taken before the loop.
-      sm80::cp_async_wait<T::kStages - 2>();
+      // Q and tile 0 (the first group; narrow, tiles 0 and 1) have arrived
+      // for this thread (at most kStages - 2 younger groups pending, narrow
+      // kStages - 3); the barrier shows every thread's copies. The tile loop
+      // below ends with the same wait and barrier for its next step: one
+      // barrier a step, and Q's fragments can be taken before the loop.
+      if constexpr (T::kCanNarrow) {
+        if (narrow) {
+          sm80::cp_async_wait<T::kStages - 3>();
+        } else {
+          sm80::cp_async_wait<T::kStages - 2>();
+        }
+      } else {
+        sm80::cp_async_wait<T::kStages - 2>();
+      }
       __syncthreads();
       if constexpr (T::kQInRegisters) {
         if (tiles > 0) {
@@ -727,34 +751,56 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
         }
       }
 
-      for (int tt = 0; tt < tiles; ++tt) {
-        // The copies of tile tt + kStages - 1 go into the stage of tile
-        // tt - 1, which every warp was done with at the barrier that ended
-        // the previous iteration (or, for tt = 0, a stage not used yet).
-        // Every warp, padding or not, copies its share and meets the
-        // barriers.
-        const int buf = tt % T::kStages;
+      // Starts the copies of tile t, if the split has it, as one cp.async
+      // group: one group per tile index, so that the waits count tiles.
+      auto issue_tile = [&](int t) {
+        if (t < tiles) load_kv(t);
+        sm80::cp_async_commit();
+      };
+      const int step = narrow ? 2 : 1;  // K/V tiles a barrier
+      for (int tt = 0; tt < tiles; tt += step) {
+        // The warp's tile of this step, and whether the split has it (the
+        // second tile of a narrow pair may be past the split's end).
+        const int tw = tt + pair_tile;
+        const bool has_tile = tw < tiles;
+        const int buf = tw % T::kStages;
         const Elem* Kb = Ks + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
         const Elem* Vb = Vs + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
-        const int kt = k_lo + tt * T::kTileKeys;  // the tile's first key
+        const int kt = k_lo + tw * T::kTileKeys;  // the tile's first key
         constexpr auto all_tiles = std::integral_constant<int, T::kWarpMTiles>{};
         constexpr auto one_tile = std::integral_constant<int, 1>{};
         ScoreParts S_part;
-        if (live == T::kWarpMTiles) {
+        if (has_tile && live == T::kWarpMTiles) {
           score_mma(all_tiles, Kb, S_part);
-        } else if (T::kWarpMTiles > 1 && live == 1) {
+        } else if (has_tile && T::kWarpMTiles > 1 && live == 1) {
           score_mma(one_tile, Kb, S_part);
         }
-        if (tt + T::kStages - 1 < tiles) load_kv(tt + T::kStages - 1);
-        sm80::cp_async_commit();
-        if (live == T::kWarpMTiles) {
+        // The copies of the tiles up to tt + kStages - 1 go into the stages
+        // of the tiles before tt, which every warp was done with at the
+        // barrier that ended the previous step (or, at the first, stages
+        // not used yet): one tile a step, or narrow from the second step on
+        // two. Every warp, padding or not, copies its share and meets the
+        // barriers.
+        if (narrow && tt > 0) issue_tile(tt + T::kStages - 2);
+        issue_tile(tt + T::kStages - 1);
+        if (has_tile && live == T::kWarpMTiles) {
           softmax_pv(all_tiles, Vb, kt, S_part);
-        } else if (T::kWarpMTiles > 1 && live == 1) {
+        } else if (has_tile && T::kWarpMTiles > 1 && live == 1) {
           softmax_pv(one_tile, Vb, kt, S_part);
         }
-        // Tile tt + 1 has arrived for this thread; the barrier shows every
-        // thread's copies and says every warp is done with tile tt.
-        sm80::cp_async_wait<T::kStages - 2>();
+        // The next step's tiles have arrived for this thread (tile tt + 1,
+        // or narrow tt + 2 and tt + 3: groups through tt + kStages - 1 are
+        // committed); the barrier shows every thread's copies and says
+        // every warp is done with this step's tiles.
+        if constexpr (T::kCanNarrow) {
+          if (narrow) {
+            sm80::cp_async_wait<T::kStages - 4>();
+          } else {
+            sm80::cp_async_wait<T::kStages - 2>();
+          }
+        } else {
+          sm80::cp_async_wait<T::kStages - 2>();
+        }
         __syncthreads();
       }
 
@@ -783,10 +829,10 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
       __syncthreads();
       // The merge kernel's rule over the slices, per row: L, then each
       // slice's weight exp(L_w - L).
-      if (tid < kRows) {
+      if (tid < rows) {
         float L = -INFINITY;
-        for (int w = 0; w < T::kSlices; ++w) L = lse_merge(L, Lw[w * kRows + tid]);
-        for (int w = 0; w < T::kSlices; ++w) Ww[w * kRows + tid] = partial_weight(Lw[w * kRows + tid], L);
+        for (int w = 0; w < slices; ++w) L = lse_merge(L, Lw[w * kRows + tid]);
+        for (int w = 0; w < slices; ++w) Ww[w * kRows + tid] = partial_weight(Lw[w * kRows + tid], L);
         Lrow[tid] = L;
       }
       __syncthreads();
@@ -797,8 +843,8 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
         if (c >= p.d) continue;
         float o = 0.0f;
 #pragma unroll
-        for (int w = 0; w < T::kSlices; ++w) {
-          o += Ww[w * kRows + r] * Ow[(w * kRows + r) * T::kMergeStride + c];
+        for (int w = 0; w < T::kMaxSlices; ++w) {
+          if (w < slices) o += Ww[w * kRows + r] * Ow[(w * kRows + r) * T::kMergeStride + c];
         }
         const std::int64_t row = row_base + r0 + r;
         if (p.splits == 1) p.O[row * p.d + c] = from_float<Elem>(o);

@@ -141,8 +141,9 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
   }
 }
 
-// The tensor-core split kernel (fp16, bf16): K/V tiles of mma_tile_keys keys,
-// each cut into slices of kWarpKeys keys, one per warp (group); each slice
+// The tensor-core split kernel (fp16, bf16): steps of mma_step_slices slices
+// of kWarpKeys keys (one K/V tile of mma_tile_keys keys, or with the narrow
+// layout a pair of them), one slice per warp (group); each slice
 // keeps its own m, l and O~ for the rows, and its P~ is rounded to p.dtype as
 // the A operand of P~ V (l sums the unrounded P~, as the kernel's registers
 // do). At the end the slices' (O_w, L_w) are merged with the partial-merge
@@ -152,9 +153,12 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
                       OutL out_L, Cost& c) {
   constexpr std::int64_t F = kFloatBytes;
   const int kD = head_dim_bucket(p.d);
-  const std::int64_t slices = kMmaWarps / mma_row_groups(kD);
-  const std::int64_t row_groups = mma_row_groups(kD);
-  const std::int64_t tile_keys = mma_tile_keys(kD);
+  // Slices per barrier step and the warps that share each (mma_step_slices:
+  // with the narrow layout, a pair of tiles' four slices, one warp each).
+  const std::int64_t group_rows = p.group() * p.Nq;
+  const std::int64_t slices = mma_step_slices(kD, group_rows);
+  const std::int64_t row_groups = mma_step_row_groups(kD, group_rows);
+  const std::int64_t tile_keys = slices * kWarpKeys;
   const std::int64_t d = p.d, E = p.elem_bytes(), rows = u.rows;
   const auto scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
   const std::vector<std::int64_t> end = row_ends(p, u);

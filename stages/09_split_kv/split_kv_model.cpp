@@ -30,8 +30,9 @@
 //   per element merge_warps - 1 adds (the row's warps' sums added up).
 // fp16 and bf16 run on the tensor-core split kernel (split_kv.cu,
 // split_mma_kernel), with the same HBM traffic and matmul FLOPs and, with S
-// key slices per K/V tile of T keys (T = mma_tile_keys, S = its slices, RG
-// warps sharing a slice: split_kv_plan.h):
+// key slices of 16 keys per barrier step of T = 16 S keys (one K/V tile, or
+// with the narrow layout a pair: mma_step_slices) and RG warps sharing a
+// slice (mma_step_row_groups, split_kv_plan.h):
 // - SRAM writes: the block's Q rows (R d elements of p.dtype), each K/V tile
 //   (2 keys d), and at the end per row each slice's O_w and L_w (S (d + 1)
 //   floats), the S merge weights and L (S + 1).
@@ -124,9 +125,12 @@ Cost count(const Problem& p, const Plan& plan) {
                         row_kv_tiles * (kFlopsPerRowTile + p.d) + row_ends * (p.d + kFlopsPerRowEnd);
   } else {
     const int kD = head_dim_bucket(p.d);
-    const std::int64_t S = kMmaWarps / mma_row_groups(kD), RG = mma_row_groups(kD);
-    const std::int64_t T = mma_tile_keys(kD);
-    std::int64_t tiles = 0;  // K/V tiles a (K/V head, row tile) visits over its splits
+    // Slices a barrier step, warps sharing each, keys a step (one K/V tile,
+    // or with the narrow layout a pair).
+    const std::int64_t S = mma_step_slices(kD, plan.group_rows);
+    const std::int64_t RG = mma_step_row_groups(kD, plan.group_rows);
+    const std::int64_t T = S * kWarpKeys;
+    std::int64_t tiles = 0;  // steps a (K/V head, row tile) takes over its splits
     for (std::int64_t s = 0; s < plan.splits; ++s) {
       const std::int64_t k_lo = s * plan.keys_per_split;
       tiles += (std::min(k_lo + plan.keys_per_split, p.Nk) - k_lo - 1) / T + 1;
