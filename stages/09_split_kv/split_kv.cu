@@ -571,8 +571,9 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
       // kLive m16 tiles. A warp whose rows are all padding skips them: with
       // two m16 tiles a warp (d = 64) and a row tile of at most 16 rows
       // (G Nq <= 16: Nq = 1 with up to 16 query heads a K/V head) the second
-      // tile, and with one (d >= 128, two warps a key slice) the warps of
-      // rows 16..31: half the mma of S and of P~ V and half the exponentials.
+      // tile, and with one (d = 256, two warps a key slice) the warps of
+      // rows 16..31: half the mma of S and of P~ V and half the exponentials
+      // (d = 128 takes the narrow layout there, every warp on rows 0..15).
       // Their m, l and O~ stay as set above, and padding rows are never
       // written.
       //
