@@ -682,8 +682,8 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
     const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
-    // outside the tensor is not asked of TMA): it computes on whatever its
-    // Qi tile holds, rows that are never written out.
+    // outside the tensor is not asked of TMA), and computes nothing
+    // (pass_tiles).
     const int halves = min(C::kConsumers, (p.Nq - q_row0 - 1) / kBr + 1);
     sm90::mbarrier_arrive_expect_tx(s.q_full(), halves * C::kQBytes);
     for (int w = 0; w < halves; ++w) {
@@ -821,6 +821,40 @@ inline constexpr int kTurn = 1;
 /// arrivals of the one that passes it the turn.
 inline constexpr int kTurnThreads = 2 * kThreads;
 
+/// The tile loop of a consumer whose 64 rows all lie past Nq (the last Q
+/// block of a head, when Nq is not a multiple of the block's rows: at
+/// d = 64, 192-row blocks, N = 2048 leaves the heaviest Q block of every
+/// head 128 rows, one consumer with none, N = 4096 64 rows, two): it computes
+/// nothing, where it used to run every product on rows never written out,
+/// taking the tensor cores from the other consumers. It keeps the
+/// hand-overs in ping_pong_tiles' order: Qi released at once; then, n_blocks
+/// + 1 times, wait for tile k's Kj and tile k - 1's Vj to land (an arrival
+/// before that would count towards the buffer's previous use), take and
+/// pass the turn (steps 4-5), release both. Waiting for every tile before
+/// passing a turn would deadlock the ring: the producer's next Vj waits for
+/// a buffer the other consumers free only in the turns this one holds up.
+/// Its O~ stays zero; write_output_tma writes it to the consumer's buffer
+/// and stores nothing (skipping that too put the consumer's item count on
+/// the stack at d = 64: ptxas spilled it).
+template <typename C, typename Turn, typename Pass, typename Release>
+__device__ inline void pass_tiles(const WsSmem<C>& s, int n_blocks, unsigned& tiles, Turn my_turn,
+                                  Pass your_turn, Release release_q) {
+  release_q();
+  const unsigned first = tiles;  // this item's tile k is the block's tile first + k
+  // Rolled: this path is rare and its time is the barriers'.
+#pragma unroll 1
+  for (int k = 0; k <= n_blocks; ++k) {
+    const unsigned t = first + k;
+    if (k < n_blocks) sm90::mbarrier_wait(s.k_full(t % kStages), t / kStages % 2);
+    if (k > 0) sm90::mbarrier_wait(s.v_full((t - 1) % kStages), (t - 1) / kStages % 2);
+    my_turn();
+    your_turn();
+    if (k < n_blocks) sm90::mbarrier_arrive(s.k_empty(t % kStages));
+    if (k > 0) sm90::mbarrier_arrive(s.v_empty((t - 1) % kStages));
+  }
+  tiles = first + n_blocks;
+}
+
 /// The first of the output barriers, one per consumer after the turn
 /// barriers: consumer w's 128 threads meet on kOutput + w around the
 /// writing of its O_i buffer (write_output_tma). 16 named barriers a block:
@@ -926,6 +960,8 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
     auto release_q = [&] { sm90::mbarrier_arrive(s.q_empty()); };
     if (n_blocks == 0) {
       release_q();
+    } else if (q_row0 >= p.Nq) {
+      pass_tiles<C>(s, n_blocks, tiles, my_turn, your_turn, release_q);
     } else if constexpr (C::kPingPong) {
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
                                my_turn, your_turn, release_q);
