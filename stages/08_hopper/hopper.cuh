@@ -934,6 +934,16 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
       sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
     }
   };
+  // The ring of turns runs on across the block's items: the last consumer
+  // passes the first turn once, before its first item (consumer 0 goes
+  // first), and consumer 0 takes the last one it passes after its last
+  // item, so every arrival on a turn barrier is matched. Passed and taken
+  // once per item instead, the last consumer's pass for the next item could
+  // reach turn barrier 0 before consumer 0 had taken the one for this item:
+  // two arrivals of the same 128 threads would complete the barrier without
+  // its owner (a race that only the length of the last consumer's epilogue
+  // kept from happening).
+  if (w == C::kConsumers - 1) your_turn();
   unsigned tiles = 0, items_done = 0;
   const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
   for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
@@ -953,7 +963,6 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
       for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
     }
     sm90::mbarrier_wait(s.q_full(), items_done % 2);
-    if (w == C::kConsumers - 1) your_turn();  // consumer 0 goes first
     // Done with Qi once the item's last S is in (at once when it has no
     // tile): the producer copies the next item's Qi under this item's last
     // softmax, last P~ V and the writing of O.
@@ -982,15 +991,13 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
         sm90::mbarrier_arrive(s.v_empty(b));  // and with Vj
       }
     }
-    // Consumer 0 takes the turn the last consumer passed last (or first,
-    // when there is no tile): every arrival on a turn barrier is matched.
-    if (w == 0) my_turn();
     if constexpr (C::kOutByTma) {
       write_output_tma<Elem, C>(p, maps, s, w, it.head, q_row0, O, m, l);
     } else {
       write_output<Elem, C>(p, it.head, q_row0, O, m, l);
     }
   }
+  if (w == 0) my_turn();
   // The block's shared memory must outlive the last store's reads of it.
   if (C::kOutByTma && threadIdx.x % kThreads == 0) sm90::bulk_wait_group<0>();
 }
