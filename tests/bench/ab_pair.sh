@@ -65,6 +65,7 @@ for round in $(seq "$rounds"); do
       --out "$logs/${side}_$round.csv" "${extra[@]}" "$@" >"$logs/${side}_$round.log" 2>&1 \
       || echo "ab_pair: the $side run of round $round failed (its log: ${side}_$round.log)"
   done
+  tar czf "$out/ab_pair.tar.gz" -C "$logs" .  # each round kept, should a time limit stop the next
 done
 python3 tests/bench/ab_pair_table.py "$logs"
 status=$?
