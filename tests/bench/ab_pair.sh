@@ -19,8 +19,8 @@
 # every entry of the stage without SDPA. Every point is checked against the
 # fp64 reference as the scripts always do (the table's last column). A
 # backward A/B is slow: two rounds of 8 points at N = 4096 and 16384 did
-# not fit a 10-minute call, nor two of 4 points at N = 4096 beside
-# nothing else; plan one round, or few points, a call. The
+# not fit a 10-minute call, nor one round of 4 points at N = 4096 (both
+# builds included) 270 s; plan one round, or few points, a call. The
 # CSVs and the build logs go, as one archive, to $OUT/ab_pair.tar.gz (or
 # ./ab-pair-logs).
 set -uo pipefail
