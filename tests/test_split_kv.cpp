@@ -49,6 +49,30 @@ void check_empty_rows(const Problem& p, const Run& r) {
   CHECK(wrong == 0);
 }
 
+// The inputs as the GPU receives them in p.dtype (forward_truth, taken
+// before, rounds a copy of its own).
+void round_inputs(const Problem& p, flashstep::Inputs& in) {
+  for (std::vector<float>* x : {&in.Q, &in.K, &in.V}) {
+    flashstep::round_to_dtype(p.dtype, x->data(), static_cast<std::int64_t>(x->size()));
+  }
+}
+
+// The mirror of a full cache (every sequence Nk long) on sm_count SMs,
+// checked against the fp64 truth, its rows that see no key, and at the
+// model's SM count its counted traffic against the model.
+Run check_full_cache(const Problem& p, const flashstep::Inputs& in,
+                     const flashstep::ForwardTruth& truth, int sm_count) {
+  CAPTURE(p.describe());
+  CAPTURE(sm_count);
+  const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
+  const Run r = run_kvcache(p, in, full, sm_count);
+  const auto c = flashstep::check_forward(p, r.O.data(), r.L.data(), truth);
+  CHECK_MESSAGE(c.ok(), c.summary());
+  check_empty_rows(p, r);
+  if (sm_count == sk::kModelSmCount) flashstep::test::check_counts_equal(r.counted, sk::model(p));
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("stage 09's split rule by hand") {
@@ -358,23 +382,14 @@ TEST_CASE("stage 09 in bf16 and fp16: the mirror passes FlashAttention's rule an
       Problem p = grouped;
       p.dtype = t;
       auto in = flashstep::random_inputs(p, seed++);
-      const auto truth = flashstep::forward_truth(p, in);  // rounds a copy of the inputs
-      for (std::vector<float>* x : {&in.Q, &in.K, &in.V}) {
-        flashstep::round_to_dtype(t, x->data(), static_cast<std::int64_t>(x->size()));
-      }
-      const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
+      const auto truth = flashstep::forward_truth(p, in);
+      round_inputs(p, in);
       for (int sms : {1, sk::kModelSmCount, 1024}) {
-        CAPTURE(p.describe());
-        CAPTURE(sms);
-        const Run r = run_kvcache(p, in, full, sms);
-        const auto c = flashstep::check_forward(p, r.O.data(), r.L.data(), truth);
-        CHECK_MESSAGE(c.ok(), c.summary());
-        check_empty_rows(p, r);
+        const Run r = check_full_cache(p, in, truth, sms);
         // O holds the type's values: rounding it again changes nothing.
         std::int64_t unrounded = 0;
         for (float o : r.O) unrounded += flashstep::round_to_dtype(t, o) != o;
         CHECK(unrounded == 0);
-        if (sms == sk::kModelSmCount) flashstep::test::check_counts_equal(r.counted, sk::model(p));
       }
     }
   }
@@ -434,19 +449,8 @@ TEST_CASE("stage 09 in bf16 and fp16, narrow layout: groups of at most 16 rows a
         REQUIRE(sk::mma_narrow(flashstep::head_dim_bucket(p.d), p.group() * p.Nq));
         auto in = flashstep::random_inputs(p, seed++);
         const auto truth = flashstep::forward_truth(p, in);
-        for (std::vector<float>* x : {&in.Q, &in.K, &in.V}) {
-          flashstep::round_to_dtype(t, x->data(), static_cast<std::int64_t>(x->size()));
-        }
-        const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
-        for (int sms : {1, sk::kModelSmCount}) {
-          CAPTURE(p.describe());
-          CAPTURE(sms);
-          const Run r = run_kvcache(p, in, full, sms);
-          const auto c = flashstep::check_forward(p, r.O.data(), r.L.data(), truth);
-          CHECK_MESSAGE(c.ok(), c.summary());
-          check_empty_rows(p, r);
-          if (sms == sk::kModelSmCount) flashstep::test::check_counts_equal(r.counted, sk::model(p));
-        }
+        round_inputs(p, in);
+        for (int sms : {1, sk::kModelSmCount}) check_full_cache(p, in, truth, sms);
       }
     }
   }

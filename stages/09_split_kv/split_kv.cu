@@ -724,21 +724,28 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
       // m16 tiles of the warp that hold valid rows (warp-uniform).
       const int live = min(max((rows - warp_row0 + kMmaM - 1) / kMmaM, 0), T::kWarpMTiles);
 
+      // Waits for this thread's copies until at most `wide` younger cp.async
+      // groups (narrow: `narrow_left`) are pending, then meets the block, so
+      // that every thread's copies are seen.
+      auto wait_tiles = [&](auto wide, auto narrow_left) {
+        if constexpr (T::kCanNarrow) {
+          if (narrow) {
+            sm80::cp_async_wait<decltype(narrow_left)::value>();
+          } else {
+            sm80::cp_async_wait<decltype(wide)::value>();
+          }
+        } else {
+          sm80::cp_async_wait<decltype(wide)::value>();
+        }
+        __syncthreads();
+      };
       // Q and tile 0 (the first group; narrow, tiles 0 and 1) have arrived
       // for this thread (at most kStages - 2 younger groups pending, narrow
-      // kStages - 3); the barrier shows every thread's copies. The tile loop
-      // below ends with the same wait and barrier for its next step: one
-      // barrier a step, and Q's fragments can be taken before the loop.
-      if constexpr (T::kCanNarrow) {
-        if (narrow) {
-          sm80::cp_async_wait<T::kStages - 3>();
-        } else {
-          sm80::cp_async_wait<T::kStages - 2>();
-        }
-      } else {
-        sm80::cp_async_wait<T::kStages - 2>();
-      }
-      __syncthreads();
+      // kStages - 3). The tile loop below ends with the same wait and
+      // barrier for its next step: one barrier a step, and Q's fragments can
+      // be taken before the loop.
+      wait_tiles(std::integral_constant<int, T::kStages - 2>{},
+                 std::integral_constant<int, T::kStages - 3>{});
       if constexpr (T::kQInRegisters) {
         if (tiles > 0) {
 #pragma unroll
@@ -768,14 +775,18 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
         const Elem* Kb = Ks + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
         const Elem* Vb = Vs + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
         const int kt = k_lo + tw * T::kTileKeys;  // the tile's first key
-        constexpr auto all_tiles = std::integral_constant<int, T::kWarpMTiles>{};
-        constexpr auto one_tile = std::integral_constant<int, 1>{};
+        // Runs run(m_tiles) over the warp's live m16 tiles of this step's
+        // tile, as a compile-time count: all of them, or the first alone
+        // (warp-uniform; a warp of padding rows, or without a tile, skips).
+        auto on_live_tiles = [&](auto run) {
+          if (has_tile && live == T::kWarpMTiles) {
+            run(std::integral_constant<int, T::kWarpMTiles>{});
+          } else if (has_tile && T::kWarpMTiles > 1 && live == 1) {
+            run(std::integral_constant<int, 1>{});
+          }
+        };
         ScoreParts S_part;
-        if (has_tile && live == T::kWarpMTiles) {
-          score_mma(all_tiles, Kb, S_part);
-        } else if (has_tile && T::kWarpMTiles > 1 && live == 1) {
-          score_mma(one_tile, Kb, S_part);
-        }
+        on_live_tiles([&](auto m_tiles) { score_mma(m_tiles, Kb, S_part); });
         // The copies of the tiles up to tt + kStages - 1 go into the stages
         // of the tiles before tt, which every warp was done with at the
         // barrier that ended the previous step (or, at the first, stages
@@ -784,25 +795,13 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
         // barriers.
         if (narrow && tt > 0) issue_tile(tt + T::kStages - 2);
         issue_tile(tt + T::kStages - 1);
-        if (has_tile && live == T::kWarpMTiles) {
-          softmax_pv(all_tiles, Vb, kt, S_part);
-        } else if (has_tile && T::kWarpMTiles > 1 && live == 1) {
-          softmax_pv(one_tile, Vb, kt, S_part);
-        }
+        on_live_tiles([&](auto m_tiles) { softmax_pv(m_tiles, Vb, kt, S_part); });
         // The next step's tiles have arrived for this thread (tile tt + 1,
         // or narrow tt + 2 and tt + 3: groups through tt + kStages - 1 are
-        // committed); the barrier shows every thread's copies and says
-        // every warp is done with this step's tiles.
-        if constexpr (T::kCanNarrow) {
-          if (narrow) {
-            sm80::cp_async_wait<T::kStages - 4>();
-          } else {
-            sm80::cp_async_wait<T::kStages - 2>();
-          }
-        } else {
-          sm80::cp_async_wait<T::kStages - 2>();
-        }
-        __syncthreads();
+        // committed); the barrier also says every warp is done with this
+        // step's tiles.
+        wait_tiles(std::integral_constant<int, T::kStages - 2>{},
+                   std::integral_constant<int, T::kStages - 4>{});
       }
 
       // The warps' partials: L_w = (m + log2 l) ln 2 and O_w = O~ / l per
