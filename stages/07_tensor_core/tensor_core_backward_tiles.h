@@ -95,6 +95,13 @@ inline constexpr int kDQBc = 64;
 /// about a kilobyte, so there they are read from shared memory as before.
 constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 128; }
 
+/// Dynamic shared memory one block may opt into on sm_90 (227 KiB). The
+/// atomic (dK, dV) kernel double-buffers its dS tile within it: at d = 64
+/// its 65 KiB a block still let three blocks share an SM's 228 KiB (three
+/// is what its 168 registers a thread allow), at d = 128 161 KiB for the
+/// one block its registers allow, and at d = 256 209 KiB.
+inline constexpr int kMaxSmemBytesPerBlock = 227 * 1024;
+
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
 /// block of several heads.
 inline constexpr std::int64_t kMaxGridY = 65535;
