@@ -53,7 +53,9 @@
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
-// the dS tile. A warp computes S^T and dP^T for kQSlice = 32 queries of the
+// the dS tile double-buffered too (atomic variant), so that block i's dQ step
+// runs after block i + 1's one barrier, beside its products: one block
+// barrier per Q block (dkdv_block proves the order race-free). A warp computes S^T and dP^T for kQSlice = 32 queries of the
 // Q block at a time, which keeps their accumulators beside dK_j's and dV_j's
 // within the registers (tensor_core_backward_tiles.h). All tiles but L and D
 // in the forward's swizzled layout (tensor_core.cuh), whose fragment loaders
@@ -523,7 +525,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   //                     Vj and write dS [b].
   // Each tile changes hands across one barrier:
   // - Qi, dOi, L, D [b]: their copies, started in pass k - 1, are waited for
-  //   by each thread before barrier k, which makes them every warp's; they
+  //   by each thread before barrier k (a ragged block's L and D are plain
+  //   stores of pass k - 1), which makes them every warp's; they
   //   are refilled (pair k + 2) only after barrier k + 1, which every warp
   //   reaches after its products of pair k, their readers.
   // - Qi, dOi, L, D [b']: read by the products of pair k - 1, before barrier

@@ -40,6 +40,12 @@
 //   deterministic dQ kernel repeats them.
 // - Conversion pass (atomic variant): 4 d read, d elements written per row,
 //   one multiply per element.
+// - Block barriers, per thread block's K/V block (per dq_kernel Q block): the
+//   (dK, dV) kernel one per visited (query head, Q block) pair, one after
+//   the pairs for the last pair's dQ step (atomic variant: its dS tile is
+//   double-buffered, so each pair's dQ step runs behind the next pair's
+//   barrier), and one before the block's tiles are reused; none for a K/V
+//   block no row sees. The dQ kernel one per K/V block and one at its end.
 #include <algorithm>
 
 #include "tensor_core.h"
@@ -86,6 +92,8 @@ Cost backward_model(const Problem& p) {
     head.skipped_tiles += i_first;
     const std::int64_t blocks = Tr - i_first;
     const std::int64_t rows = p.Nq - i_first * bwd::kBr;
+    head.barriers += blocks;                   // one per pair
+    kv_head.barriers += kAtomicDQ ? 2 : 1;     // the last pair's dQ step; the tiles' reuse
     kv_head.hbm_read_bytes += 2 * C * d * e;  // Kj, Vj
     kv_head.sram_write_bytes += 2 * C * d * e;
     head.hbm_read_bytes += rows * (2 * d * e + 2 * kFloatBytes);
@@ -116,6 +124,7 @@ Cost backward_model(const Problem& p) {
       head.sram_read_bytes += row_reads * 2 * R * d * e + bwd::kDQWarps * 3 * C * d * e;
       head.matmul_flops += 6 * R * C * d;
       head.nonmatmul_flops += kFlopsPerScore * R * C;
+      head.barriers += n + 1;
     }
   }
   // Pre-pass: O, dO and L read; D and L log2 e written; D's d multiply-adds.
