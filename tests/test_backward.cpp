@@ -374,6 +374,51 @@ TEST_CASE("stage 07's (dK, dV) kernel: one block barrier per (query head, Q bloc
   CHECK(atomic->backward_model(p).barriers == 2 * (4 + 2));
 }
 
+TEST_CASE("stage 07's atomic dQ step finds the pair before it in the accumulator") {
+  // dkdv_kernel adds a (query head, Q block) pair's dQ one pass later, at the
+  // rows previous_dq_row derives from the pair that pass runs (and, after
+  // the loop, from the pair one past the last). Walk the kernel's order (Q
+  // blocks from q_first to a head's last, then the next head's q_first) over
+  // ragged Nq, causal starts and groups, and check every pair's rows come
+  // back exactly once, in order.
+  namespace bwd = flashstep::tensor_core::bwd;
+  for (int Nq : {1, 63, 64, 65, 200, 256}) {
+    for (int q_first = 0; q_first < Nq; q_first += bwd::kBr) {
+      for (int G : {1, 3}) {
+        CAPTURE(Nq);
+        CAPTURE(q_first);
+        CAPTURE(G);
+        const std::int64_t kv = 2;  // any K/V head: its group is kv G ..
+        std::int64_t bh = kv * G;
+        int q0 = q_first;
+        int left = G * ((Nq - q_first - 1) / bwd::kBr + 1);
+        std::vector<std::int64_t> rows;  // each pair's first row, in order
+        for (; left > 0; --left) {
+          if (!rows.empty()) CHECK(bwd::previous_dq_row(bh, q0, q_first, Nq) == rows.back());
+          rows.push_back(bh * bwd::dq_accum_rows(Nq) + q0);
+          if (q0 >= Nq - bwd::kBr) {
+            q0 = q_first;
+            ++bh;
+          } else {
+            q0 += bwd::kBr;
+          }
+        }
+        CHECK(bwd::previous_dq_row(bh, q0, q_first, Nq) == rows.back());
+        CHECK(bh == kv * G + G);
+        // Every row of the group's visited Q blocks, once: the accumulator's
+        // rows of head m from q_first on.
+        std::vector<std::int64_t> want;
+        for (std::int64_t m = kv * G; m < kv * G + G; ++m) {
+          for (int q = q_first; q < Nq; q += bwd::kBr) {
+            want.push_back(m * bwd::dq_accum_rows(Nq) + q);
+          }
+        }
+        CHECK(rows == want);
+      }
+    }
+  }
+}
+
 TEST_CASE("stage 07's dQ kernel reads its warps' Qi, dOi rows once at d <= 128, per K/V block at d = 256") {
   // One Q block (Nq = 64), non-causal, bf16, against Nk = 128 and 256 keys:
   // the (dK, dV) kernel's K/V blocks are alike, so its part of the model

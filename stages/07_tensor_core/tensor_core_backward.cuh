@@ -55,11 +55,12 @@
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
 // the dS tile double-buffered too (atomic variant), so that block i's dQ step
 // runs after block i + 1's one barrier, beside its products: one block
-// barrier per Q block (dkdv_block proves the order race-free). A warp computes S^T and dP^T for kQSlice = 32 queries of the
-// Q block at a time, which keeps their accumulators beside dK_j's and dV_j's
-// within the registers (tensor_core_backward_tiles.h). All tiles but L and D
-// in the forward's swizzled layout (tensor_core.cuh), whose fragment loaders
-// this file reuses.
+// barrier per Q block (dkdv_block proves the order race-free). A warp
+// computes S^T and dP^T for kQSlice = 32 queries of the Q block at a time,
+// which keeps their accumulators beside dK_j's and dV_j's within the
+// registers (tensor_core_backward_tiles.h). All tiles but L and D in the
+// forward's swizzled layout (tensor_core.cuh), whose fragment loaders this
+// file reuses.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -505,14 +506,6 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   load_q_block<Elem, C>(p, bh * p.Nq, q0, Qbuf + first * C::kQElems, dObuf + first * C::kQElems,
                         Lbuf + first * kBr, Dbuf + first * kBr);
   sm80::cp_async_commit();
-  // The accumulator's first row ([heads * dq_accum_rows(Nq)]) of the pair
-  // before (bh, q0): the same head's previous Q block, or, at a head's first
-  // block, the previous head's last, whose first row is bh R - kBr (R =
-  // dq_accum_rows(Nq), a head's rows). Derived from the pair rather than
-  // kept: a 64-bit row live across the products would take two registers.
-  auto previous_dq_row = [&] {
-    return bh * dq_accum_rows(p.Nq) + (q0 == q_first ? 0 : q0) - kBr;
-  };
 
   // One block barrier per pair. The atomic variant's dQ step of a pair runs
   // in the next pair's pass, from a second dS tile, so that the barrier that
@@ -563,7 +556,10 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     // above; with the dQ step after the products ptxas spilled at d = 64 and
     // 256.)
     if constexpr (kAtomicDQ) {
-      if (after_first) dq_step<Elem, C>(p, dSbuf + (1 - buf) * C::kDSElems, Kj, previous_dq_row());
+      if (after_first) {
+        dq_step<Elem, C>(p, dSbuf + (1 - buf) * C::kDSElems, Kj,
+                         previous_dq_row(bh, q0, q_first, p.Nq));
+      }
       after_first = true;
     }
 
@@ -638,7 +634,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 1.0f);
   if constexpr (kAtomicDQ) {
     __syncthreads();  // the last pair's dS tile is in: dS [1], as it had left = 1
-    dq_step<Elem, C>(p, dSbuf + C::kDSElems, Kj, previous_dq_row());
+    dq_step<Elem, C>(p, dSbuf + C::kDSElems, Kj, previous_dq_row(bh, q0, q_first, p.Nq));
   }
   sm80::cp_async_wait<0>();
   __syncthreads();  // the next head's copies may overwrite the tiles

@@ -77,6 +77,21 @@ FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_rows(std::int64_t Nq) {
   return (Nq + kBr - 1) / kBr * kBr;
 }
 
+/// The accumulator's first row (of [heads * dq_accum_rows(Nq)]) of the
+/// (query head, Q block) pair before (bh, q0) in the (dK, dV) kernel's
+/// order, whose Q blocks run from q_first (a multiple of kBr) to a head's
+/// last, then on to the next head's q_first: the same head's previous Q
+/// block, or, at a head's first, the previous head's last, whose first row
+/// is bh R - kBr (R = dq_accum_rows(Nq), a head's rows). The atomic
+/// variant adds a pair's dQ one pass later (tensor_core_backward.cuh) and
+/// finds its rows by this, rather than keep a 64-bit row live across the
+/// products (two registers). After the last pair (bh one past the group's
+/// last head, q0 = q_first) it gives the last pair's.
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t previous_dq_row(std::int64_t bh, int q0, int q_first,
+                                                             int Nq) {
+  return bh * dq_accum_rows(Nq) + (q0 == q_first ? 0 : q0) - kBr;
+}
+
 /// The deterministic variant's dQ kernel: one block per (Q block, head), 4
 /// warps of 16 query rows (kBr = 64), streaming K/V blocks of kDQBc keys; its
 /// dQ accumulators take d / 2 registers per thread.
