@@ -40,12 +40,13 @@
 //   deterministic dQ kernel repeats them.
 // - Conversion pass (atomic variant): 4 d read, d elements written per row,
 //   one multiply per element.
-// - Block barriers, per thread block's K/V block (per dq_kernel Q block): the
-//   (dK, dV) kernel one per visited (query head, Q block) pair, one after
-//   the pairs for the last pair's dQ step (atomic variant: its dS tile is
-//   double-buffered, so each pair's dQ step runs behind the next pair's
-//   barrier), and one before the block's tiles are reused; none for a K/V
-//   block no row sees. The dQ kernel one per K/V block and one at its end.
+// - Block barriers, summed over thread blocks: a (dK, dV) block meets once
+//   per visited (query head, Q block) pair and once before its tiles are
+//   reused, and in the atomic variant once more after the pairs, for the
+//   last pair's dQ step (its dS tile is double-buffered: each pair's dQ
+//   step runs behind the next pair's barrier); not at all when no row sees
+//   its K/V block. A dQ kernel block meets once per K/V block and once at
+//   its end.
 #include <algorithm>
 
 #include "tensor_core.h"
@@ -92,8 +93,8 @@ Cost backward_model(const Problem& p) {
     head.skipped_tiles += i_first;
     const std::int64_t blocks = Tr - i_first;
     const std::int64_t rows = p.Nq - i_first * bwd::kBr;
-    head.barriers += blocks;                   // one per pair
-    kv_head.barriers += kAtomicDQ ? 2 : 1;     // the last pair's dQ step; the tiles' reuse
+    head.barriers += blocks;                  // one per pair
+    kv_head.barriers += kAtomicDQ ? 2 : 1;    // the last pair's dQ step; the tiles' reuse
     kv_head.hbm_read_bytes += 2 * C * d * e;  // Kj, Vj
     kv_head.sram_write_bytes += 2 * C * d * e;
     head.hbm_read_bytes += rows * (2 * d * e + 2 * kFloatBytes);
