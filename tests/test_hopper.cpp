@@ -196,6 +196,15 @@ TEST_CASE("stage 08 step 3's model by hand: consumer warpgroups share a block of
     CHECK(c.sram_read_bytes == blocks * (n * R * d + 3 * 2 * C * d + R * d) * e);
     CHECK(c.matmul_flops == blocks * 4 * R * C * d);
   }
+  // d = 64, Nq = Nk = 256: Q blocks of 192 and 64 rows, both visiting n = 2
+  // K/V blocks; the second block's consumers 2 and 3 have no rows and read
+  // nothing (pass_tiles): 3 + 1 warpgroups read Kj and Vj.
+  {
+    const Problem p = with_scale(make_problem(1, 1, 256, 256, 64, false), 0.125, DType::kBf16);
+    const std::int64_t rows = 256, n = 2, C = 256, d = 64, e = 2;
+    const Cost c = flashstep::select_stages("08_hopper").front()->model(p);
+    CHECK(c.sram_read_bytes == (n * rows * d + (3 + 1) * 2 * C * d + rows * d) * e);
+  }
   // d = 256: no room for O_i's buffer beside Qi and the K/V buffers, and O_i
   // goes from the registers straight to HBM. Nq = Nk = 128: one block of
   // R = 128 rows visiting n = 2 K/V blocks of 64 keys.

@@ -379,3 +379,75 @@ TEST_CASE("stage 09 in bf16 and fp16: the mirror passes FlashAttention's rule an
     }
   }
 }
+
+TEST_CASE("stage 09 in bf16: Q's fragments once a split where held in registers, and the narrow layout, by hand") {
+  // One query head group, one split, no mask. SRAM reads by hand
+  // (split_kv_model.cpp's conventions): S slices a step, RG warps sharing a
+  // slice, 2-byte elements, fp32 for the slices' merge (2 S + 2 S d + 1 per
+  // row).
+  //   d = 128, 32 rows (H = 32, H_kv = 1): 32-key tiles, S = 2, RG = 2,
+  //     Nk = 64, Q held: Q 2 x 32 x 128 x 2 B once = 16,384; K and V
+  //     2 x 2 x 64 x 128 x 2 B = 65,536; merge 32 x (4 + 512 + 1) x 4 B =
+  //     66,176: 148,096.
+  //   d = 128, one row (narrow): a pair of tiles a step, S = 4, RG = 1,
+  //     Nk = 64: Q 4 x 128 x 2 B = 1,024; K and V 2 x 1 x 64 x 128 x 2 B =
+  //     32,768; merge (8 + 1,024 + 1) x 4 B = 4,132: 37,924.
+  //   d = 64, one row: 64-key tiles, S = 4, RG = 1, Nk = 128, Q per tile:
+  //     Q 4 x 64 x 2 B x 2 tiles = 1,024; K and V 2 x 1 x 128 x 64 x 2 B =
+  //     32,768; merge (8 + 512 + 1) x 4 B = 2,084: 35,876.
+  CHECK(sk::mma_q_in_registers(128));
+  CHECK_FALSE(sk::mma_q_in_registers(64));
+  CHECK(sk::mma_narrow(128, 16));
+  CHECK_FALSE(sk::mma_narrow(128, 17));
+  CHECK_FALSE(sk::mma_narrow(64, 1));
+  CHECK_FALSE(sk::mma_narrow(256, 1));
+  struct Case {
+    std::int64_t H, H_kv, Nk, d, sram_read_bytes;
+  };
+  for (const Case& k : {Case{32, 1, 64, 128, 148096}, Case{1, 1, 64, 128, 37924}, Case{1, 1, 128, 64, 35876}}) {
+    Problem p = flashstep::test::make_problem(1, k.H, 1, k.Nk, k.d, false);
+    p.H_kv = k.H_kv;
+    p.dtype = flashstep::DType::kBf16;
+    CAPTURE(p.describe());
+    REQUIRE(sk::make_plan(p, sk::kModelSmCount).splits == 1);
+    CHECK(sk::model(p).sram_read_bytes == k.sram_read_bytes);
+  }
+}
+
+TEST_CASE("stage 09 in bf16 and fp16, narrow layout: groups of at most 16 rows at d = 128 match fp64 and the model") {
+  // The narrow layout (mma_narrow) on ragged decoding shapes: d = 128 (full
+  // tiles by load_full_tile_async on the GPU) and 100 (the same bucket,
+  // load_tile), splits with an odd number of 32-key tiles (the pair's
+  // second tile past the split's end), causal and not, one to 16 rows.
+  struct Shape {
+    std::int64_t B, H, H_kv, Nq, Nk, d;
+  };
+  const Shape shapes[] = {{2, 8, 2, 3, 333, 128}, {1, 4, 4, 1, 1000, 100}, {3, 16, 1, 1, 97, 128},
+                          {1, 32, 8, 4, 4099, 128}, {2, 2, 1, 8, 47, 112}};
+  std::uint64_t seed = 160;
+  for (flashstep::DType t : {flashstep::DType::kBf16, flashstep::DType::kFp16}) {
+    for (const Shape& sh : shapes) {
+      for (bool causal : {false, true}) {
+        Problem p = flashstep::test::make_problem(sh.B, sh.H, sh.Nq, sh.Nk, sh.d, causal);
+        p.H_kv = sh.H_kv;
+        p.dtype = t;
+        REQUIRE(sk::mma_narrow(flashstep::head_dim_bucket(p.d), p.group() * p.Nq));
+        auto in = flashstep::random_inputs(p, seed++);
+        const auto truth = flashstep::forward_truth(p, in);
+        for (std::vector<float>* x : {&in.Q, &in.K, &in.V}) {
+          flashstep::round_to_dtype(t, x->data(), static_cast<std::int64_t>(x->size()));
+        }
+        const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
+        for (int sms : {1, sk::kModelSmCount}) {
+          CAPTURE(p.describe());
+          CAPTURE(sms);
+          const Run r = run_kvcache(p, in, full, sms);
+          const auto c = flashstep::check_forward(p, r.O.data(), r.L.data(), truth);
+          CHECK_MESSAGE(c.ok(), c.summary());
+          check_empty_rows(p, r);
+          if (sms == sk::kModelSmCount) flashstep::test::check_counts_equal(r.counted, sk::model(p));
+        }
+      }
+    }
+  }
+}

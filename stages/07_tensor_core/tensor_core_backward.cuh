@@ -206,14 +206,13 @@ __device__ inline int dst_lane_offset(int m0) {
   return tile_offset<kBr, true>(point.row, m0 + point.col);
 }
 
-/// acc[16 rows x kTiles * 8] = rows row0 .. row0 + 15 of tile A times tile
-/// B^T: B's rows are the n index (Qi or dOi rows: queries, or Kj/Vj rows:
-/// keys), both tiles [rows][kHeadDim] with the k depth along d. S^T, dP^T
-/// (dkdv_kernel) and S, dP (dq_kernel).
-template <typename Elem, int kHeadDim, int kTiles>
-__device__ inline void product_abt(float (&acc)[kTiles][4], const Elem* A, const Elem* B, int row0,
-                                   const LaneOffsets<kHeadDim>& at_a,
-                                   const LaneOffsets<kHeadDim>& at_bk) {
+/// acc[16 rows x kTiles * 8] = 16 rows of A times tile B^T, over the k16
+/// steps of kHeadDim: a_of(ks, scratch) gives A's fragment of step ks (loaded
+/// into scratch, or held elsewhere). B's rows are the n index,
+/// [rows][kHeadDim] with the k depth along d.
+template <typename Elem, int kHeadDim, int kTiles, typename AFragment>
+__device__ inline void product_abt_of(float (&acc)[kTiles][4], AFragment a_of, const Elem* B,
+                                      const LaneOffsets<kHeadDim>& at_bk) {
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) {
 #pragma unroll
@@ -221,8 +220,8 @@ __device__ inline void product_abt(float (&acc)[kTiles][4], const Elem* A, const
   }
 #pragma unroll
   for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) {
-    std::uint32_t a[4];
-    load_a<Elem, kHeadDim, true>(a, A, at_a, row0, ks * kMmaK);
+    std::uint32_t scratch[4];
+    const std::uint32_t(&a)[4] = a_of(ks, scratch);
 #pragma unroll
     for (int np = 0; np < kTiles / 2; ++np) {
       std::uint32_t b[4];
@@ -234,29 +233,34 @@ __device__ inline void product_abt(float (&acc)[kTiles][4], const Elem* A, const
   }
 }
 
-/// product_abt with A's fragments held in registers: a[ks] is k16 step ks of
-/// the warp's 16 rows, loaded once for many products (dq_kernel's Qi and
-/// dOi rows).
+/// product_abt_of with A = rows row0 .. row0 + 15 of tile A, its fragments
+/// loaded step by step: B's rows are queries (Qi or dOi) or keys (Kj/Vj),
+/// both tiles [rows][kHeadDim]. S^T, dP^T (dkdv_kernel) and S, dP
+/// (dq_kernel).
+template <typename Elem, int kHeadDim, int kTiles>
+__device__ inline void product_abt(float (&acc)[kTiles][4], const Elem* A, const Elem* B, int row0,
+                                   const LaneOffsets<kHeadDim>& at_a,
+                                   const LaneOffsets<kHeadDim>& at_bk) {
+  product_abt_of<Elem, kHeadDim, kTiles>(
+      acc,
+      [&](int ks, std::uint32_t(&scratch)[4]) -> const std::uint32_t(&)[4] {
+        load_a<Elem, kHeadDim, true>(scratch, A, at_a, row0, ks * kMmaK);
+        return scratch;
+      },
+      B, at_bk);
+}
+
+/// product_abt_of with A's fragments held in registers: a[ks] is k16 step
+/// ks of the warp's 16 rows, loaded once for many products (dq_kernel's Qi
+/// and dOi rows).
 template <typename Elem, int kHeadDim, int kTiles>
 __device__ inline void product_abt_held(float (&acc)[kTiles][4],
                                         const std::uint32_t (&a)[kHeadDim / kMmaK][4],
                                         const Elem* B, const LaneOffsets<kHeadDim>& at_bk) {
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-  }
-#pragma unroll
-  for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) {
-#pragma unroll
-    for (int np = 0; np < kTiles / 2; ++np) {
-      std::uint32_t b[4];
-      load_b_k<Elem, kHeadDim, true>(b, B, at_bk, np * 2 * kMmaN, ks * kMmaK);
-      const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-      sm80::mma_m16n8k16<Elem>(acc[2 * np], a[ks], b_lo);
-      sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a[ks], b_hi);
-    }
-  }
+  product_abt_of<Elem, kHeadDim, kTiles>(
+      acc,
+      [&](int ks, std::uint32_t(&)[4]) -> const std::uint32_t(&)[4] { return a[ks]; },
+      B, at_bk);
 }
 
 /// acc[16 x kOutTiles * 8] += A (register fragments of kSteps k16 steps,
@@ -722,8 +726,8 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
   // Every K/V block but a ragged last one by load_full_tile_async, as the
   // (dK, dV) kernel's Q blocks (load_q_block). Not at d = 256: there the
-  // kernel sits at 252 registers and ptxas -v showed it spill with both
-  // paths (12 bytes stored, outside the loop).
+  // kernel sits at 252 registers, and with both paths ptxas -v showed it
+  // spill 12 to 24 bytes (outside the loop).
   auto load_kv = [&](int j, int buf) {
     const int key0 = j * kBc;
     if (C::kHeadDim <= 128 && p.vec && p.d == C::kHeadDim && key0 <= p.Nk - kBc) {
@@ -738,7 +742,6 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
           Vbuf + buf * C::kKVElems, p.V + (kv * p.Nk + key0) * p.d, p.Nk - key0, p.d, p.vec);
     }
   };
-
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, rows_valid,
                                                               p.d, p.vec);
   load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, rows_valid,
@@ -754,6 +757,8 @@ __device__ inline void dq_block(const BackwardParams<Elem>& p, std::int64_t bh, 
   }
   const Elem* Qw = Qi + q_row0 * C::kHeadDim;    // this warp's rows
   const Elem* dOw = dOi + q_row0 * C::kHeadDim;
+  // The warp's A fragments of Qw and dOw, k16 step by step, where it holds
+  // them (C::kHoldRows, d <= 128): [kDSteps][4] registers each.
   std::uint32_t Qa[C::kHoldRows ? C::kDSteps : 1][4], dOa[C::kHoldRows ? C::kDSteps : 1][4];
   for (int j = 0; j < n_blocks; ++j) {
     const int buf = j % 2;

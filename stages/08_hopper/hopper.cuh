@@ -682,8 +682,8 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
     const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
-    // outside the tensor is not asked of TMA): it computes on whatever its
-    // Qi tile holds, rows that are never written out.
+    // outside the tensor is not asked of TMA), and computes nothing
+    // (pass_tiles).
     const int halves = min(C::kConsumers, (p.Nq - q_row0 - 1) / kBr + 1);
     sm90::mbarrier_arrive_expect_tx(s.q_full(), halves * C::kQBytes);
     for (int w = 0; w < halves; ++w) {
@@ -821,6 +821,40 @@ inline constexpr int kTurn = 1;
 /// arrivals of the one that passes it the turn.
 inline constexpr int kTurnThreads = 2 * kThreads;
 
+/// The tile loop of a consumer whose 64 rows all lie past Nq (the last Q
+/// block of a head, when Nq is not a multiple of the block's rows: at
+/// d = 64, 192-row blocks, N = 2048 leaves the heaviest Q block of every
+/// head 128 rows, one consumer with none, N = 4096 64 rows, two): it computes
+/// nothing, where it used to run every product on rows never written out,
+/// taking the tensor cores from the other consumers. It keeps the
+/// hand-overs in ping_pong_tiles' order: Qi released at once; then, n_blocks
+/// + 1 times, wait for tile k's Kj and tile k - 1's Vj to land (an arrival
+/// before that would count towards the buffer's previous use), take and
+/// pass the turn (steps 4-5), release both. Waiting for every tile before
+/// passing a turn would deadlock the ring: the producer's next Vj waits for
+/// a buffer the other consumers free only in the turns this one holds up.
+/// Its O~ stays zero; write_output_tma writes it to the consumer's buffer
+/// and stores nothing (skipping that too put the consumer's item count on
+/// the stack at d = 64: ptxas spilled it).
+template <typename C, typename Turn, typename Pass, typename Release>
+__device__ inline void pass_tiles(const WsSmem<C>& s, int n_blocks, unsigned& tiles, Turn my_turn,
+                                  Pass your_turn, Release release_q) {
+  release_q();
+  const unsigned first = tiles;  // this item's tile k is the block's tile first + k
+  // Rolled: this path is rare and its time is the barriers'.
+#pragma unroll 1
+  for (int k = 0; k <= n_blocks; ++k) {
+    const unsigned t = first + k;
+    if (k < n_blocks) sm90::mbarrier_wait(s.k_full(t % kStages), t / kStages % 2);
+    if (k > 0) sm90::mbarrier_wait(s.v_full((t - 1) % kStages), (t - 1) / kStages % 2);
+    my_turn();
+    your_turn();
+    if (k < n_blocks) sm90::mbarrier_arrive(s.k_empty(t % kStages));
+    if (k > 0) sm90::mbarrier_arrive(s.v_empty((t - 1) % kStages));
+  }
+  tiles = first + n_blocks;
+}
+
 /// The first of the output barriers, one per consumer after the turn
 /// barriers: consumer w's 128 threads meet on kOutput + w around the
 /// writing of its O_i buffer (write_output_tma). 16 named barriers a block:
@@ -900,6 +934,16 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
       sm90::named_barrier_arrive(kTurn + (w + 1) % C::kConsumers, kTurnThreads);
     }
   };
+  // The ring of turns runs on across the block's items: the last consumer
+  // passes the first turn once, before its first item (consumer 0 goes
+  // first), and consumer 0 takes the last one it passes after its last
+  // item, so every arrival on a turn barrier is matched. Passed and taken
+  // once per item instead, the last consumer's pass for the next item could
+  // reach turn barrier 0 before consumer 0 had taken the one for this item:
+  // two arrivals of the same 128 threads would complete the barrier without
+  // its owner (a race that only the length of the last consumer's epilogue
+  // kept from happening).
+  if (w == C::kConsumers - 1) your_turn();
   unsigned tiles = 0, items_done = 0;
   const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
   for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
@@ -919,13 +963,14 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
       for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
     }
     sm90::mbarrier_wait(s.q_full(), items_done % 2);
-    if (w == C::kConsumers - 1) your_turn();  // consumer 0 goes first
     // Done with Qi once the item's last S is in (at once when it has no
     // tile): the producer copies the next item's Qi under this item's last
     // softmax, last P~ V and the writing of O.
     auto release_q = [&] { sm90::mbarrier_arrive(s.q_empty()); };
     if (n_blocks == 0) {
       release_q();
+    } else if (q_row0 >= p.Nq) {
+      pass_tiles<C>(s, n_blocks, tiles, my_turn, your_turn, release_q);
     } else if constexpr (C::kPingPong) {
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
                                my_turn, your_turn, release_q);
@@ -946,15 +991,13 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
         sm90::mbarrier_arrive(s.v_empty(b));  // and with Vj
       }
     }
-    // Consumer 0 takes the turn the last consumer passed last (or first,
-    // when there is no tile): every arrival on a turn barrier is matched.
-    if (w == 0) my_turn();
     if constexpr (C::kOutByTma) {
       write_output_tma<Elem, C>(p, maps, s, w, it.head, q_row0, O, m, l);
     } else {
       write_output<Elem, C>(p, it.head, q_row0, O, m, l);
     }
   }
+  if (w == 0) my_turn();
   // The block's shared memory must outlive the last store's reads of it.
   if (C::kOutByTma && threadIdx.x % kThreads == 0) sm90::bulk_wait_group<0>();
 }

@@ -70,10 +70,10 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     const std::int64_t C = std::min<std::int64_t>(Bc, p.Nk - key0);
     chip.load(Kh + key0 * d, C, d, Kj);  // line 7
     chip.load(Vh + key0 * d, C, d, Vj);
-    // Each consumer warpgroup w in turn, on its rows r0 .. r0 + rows - 1 (none
-    // when they all lie past Nq: it still runs, and reads Kj and Vj).
-    for (std::int64_t w = 0; w < consumers; ++w) {
-      const std::int64_t r0 = std::min(w * kBr, R);
+    // Each consumer warpgroup w in turn, on its rows r0 .. r0 + rows - 1; one
+    // whose rows all lie past Nq computes nothing (pass_tiles).
+    for (std::int64_t w = 0; w * kBr < R && w < consumers; ++w) {
+      const std::int64_t r0 = w * kBr;
       const std::int64_t rows = std::min<std::int64_t>(kBr, R - r0);
       // Line 8: one wgmma chain reads the warpgroup's rows of Qi (negated by
       // imm-scale-a when the scale is negative) and all of Kj.

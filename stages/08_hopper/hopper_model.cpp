@@ -18,7 +18,7 @@
 // - SRAM reads, as wgmma makes them: each consumer warpgroup's chain reads
 //   its rows of Qi (the A operand of S = Qi Kj^T) once per visited tile, and
 //   Kj and Vj (the B operands) once, for all four of its warps together
-//   (a warpgroup whose rows all lie past Nq still runs, and reads them).
+//   (a warpgroup whose rows all lie past Nq computes nothing: pass_tiles).
 //   Stage 07 read Kj and Vj once per warp: a warpgroup's B operand serves 64
 //   rows, not 16. P~ is the A operand in registers and costs nothing.
 // - A negative scale is wgmma's imm-scale-a = -1: no extra traffic.
@@ -67,7 +67,8 @@ Cost model(const Problem& p) {
     head.hbm_read_bytes += qi + kv;
     head.hbm_write_bytes += qi + R * kLseBytes;
     head.sram_write_bytes += qi + kv + (o_smem ? qi : 0);
-    head.sram_read_bytes += n * qi + consumers * kv + (o_smem ? qi : 0);
+    const std::int64_t busy = ceil_div(R, kBr);  // consumers with rows of their own
+    head.sram_read_bytes += n * qi + busy * kv + (o_smem ? qi : 0);
     head.matmul_flops += 4 * R * C * d;
     head.nonmatmul_flops += kFlopsPerScore * R * C + n * R * (kFlopsPerRowTile + d) +
                             R * (d + kFlopsPerRowEnd);

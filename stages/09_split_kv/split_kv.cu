@@ -358,9 +358,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
 //   d = 128, 256: warps 0, 1 take keys 0..15 (rows 0..15 and 16..31), warps
 //   2, 3 keys 16..31: a warp's O~ is then 16 x d fp32 (64 or 128 registers
 //   a lane), and the tile of 32 keys leaves room for more stages.
+//   d = 128 with at most 16 rows (mma_narrow): one barrier a pair of tiles,
+//   warp w keys 16 w .. 16 w + 15 of the pair's 64, rows 0..15, as at
+//   d = 64 (otherwise warps 1 and 3 would hold padding rows only).
 //
 // Each warp runs Algorithm 1 on its own slice: its own m, l and O~ for its
-// rows, over the keys k_lo + 16 (w / row groups) + tile_keys t + 0..15. At
+// rows, over the keys k_lo + 16 (its slice of a step) + keys_per_step t +
+// 0..15. At
 // the end of the split the warps' (m, l, O~) are partials over disjoint key
 // sets, merged through shared memory with the merge kernel's rule
 // (common/partial_merge.h): L_w = m_w + log l_w, O_w = O~_w / l_w, then
@@ -375,12 +379,31 @@ struct MmaTiles {
   static constexpr int kWarpMTiles = mma_warp_m_tiles(kD);  // m16 tiles a warp holds
   static constexpr int kRowGroups = mma_row_groups(kD);     // warps sharing a key slice
   static constexpr int kSlices = kMmaWarps / kRowGroups;    // key slices of a K/V tile
+  // The narrow layout (mma_narrow: every warp its own slice of a pair of
+  // tiles, for groups of at most 16 rows) and the slices a split's merge
+  // then has at most.
+  static constexpr bool kCanNarrow = mma_narrow(kD, sm80::kMmaM);
+  static constexpr int kMaxSlices = kCanNarrow ? kMmaWarps : kSlices;
   static constexpr int kTileKeys = mma_tile_keys(kD);
   static constexpr int kStages = mma_stages(kD);
   static constexpr int kThreads = kMmaWarps * kWarpSize;
   static constexpr int kSTiles = kWarpKeys / sm80::kMmaN;   // n8 tiles of a warp's S row
   static constexpr int kOTiles = kD / sm80::kMmaN;          // n8 tiles of a row of O~
   static constexpr int kQKSteps = kD / sm80::kMmaK;         // k16 steps of Q K^T
+  // Accumulators per n8 tile of S, each summing every kQKChains-th k-step.
+  // With one, a warp's product of S was two chains (its two n8 tiles) of
+  // kQKSteps dependent mma each, 8 at d = 128: the tile's softmax waited
+  // 8 mma latencies for its scores, with nothing else to issue (a decode has
+  // one or two such warps per SM sub-partition). Two halve the chain and give
+  // the tensor pipe 4 independent mma per m16 tile; they cost 8 registers
+  // per m16 tile and 4 adds a lane. More would leave chains of 2 (1 at
+  // d = 64) for 8 more registers each.
+  static constexpr int kQKChains = 2;
+  // Q's A fragments held in registers for the whole split (split_kv_plan.h),
+  // as [kQHeldTiles][kQHeldSteps][4]; one unused fragment where they are not.
+  static constexpr bool kQInRegisters = mma_q_in_registers(kD);
+  static constexpr int kQHeldTiles = kQInRegisters ? kWarpMTiles : 1;
+  static constexpr int kQHeldSteps = kQInRegisters ? kQKSteps : 1;
   // The merge's O_w rows in fp32, padded by 8 floats: a warp's 8 row groups
   // g write float2s at columns 2t, and with 8 more words per row the 16 lanes
   // of each half-warp store land in 32 different banks.
@@ -394,25 +417,27 @@ struct MmaTiles {
   static constexpr std::size_t kKVTileBytes = sizeof(std::uint16_t) * kTileKeys * kD;
   static constexpr std::size_t kK = kQ + kQBytes;                      // Elem Ks [kStages][kTileKeys][kD]
   static constexpr std::size_t kV = kK + kStages * kKVTileBytes;        // Elem Vs [kStages][kTileKeys][kD]
-  static constexpr std::size_t kLw = kV + kStages * kKVTileBytes;       // float [kSlices][kRows]
-  static constexpr std::size_t kW = kLw + sizeof(float) * kSlices * kRows;  // float [kSlices][kRows]: weights
-  static constexpr std::size_t kLrow = kW + sizeof(float) * kSlices * kRows;  // float [kRows]: merged L
+  static constexpr std::size_t kLw = kV + kStages * kKVTileBytes;       // float [kMaxSlices][kRows]
+  static constexpr std::size_t kW = kLw + sizeof(float) * kMaxSlices * kRows;  // float [kMaxSlices][kRows]: weights
+  static constexpr std::size_t kLrow = kW + sizeof(float) * kMaxSlices * kRows;  // float [kRows]: merged L
   static constexpr std::size_t kBytes = kLrow + sizeof(float) * kRows;
-  static constexpr std::size_t kO = kK;  // float Ow [kSlices][kRows][kMergeStride], over the K/V stages
+  static constexpr std::size_t kO = kK;  // float Ow [kMaxSlices][kRows][kMergeStride], over the K/V stages
 
   static_assert(kRows == kRowGroups * kWarpMTiles * sm80::kMmaM, "the warps cover the row tile");
   static_assert(kSTiles == 2, "one ldmatrix.x4 gives a slice's two n8 tiles of K");
   static_assert(kWarpKeys == sm80::kMmaK, "a slice's P~ is one A fragment");
   static_assert(kOTiles % 2 == 0, "one ldmatrix.x4.trans gives two n8 tiles of V");
   static_assert(kD / sm80::kChunkElems >= 8, "the swizzle permutes 8 chunks of a row");
-  static_assert(sizeof(float) * kSlices * kRows * kMergeStride <= 2 * kStages * kKVTileBytes,
+  static_assert(sizeof(float) * kMaxSlices * kRows * kMergeStride <= 2 * kStages * kKVTileBytes,
                 "the merge's O_w fit in the K/V stages");
   static_assert(kK % 16 == 0 && kV % 16 == 0 && kLw % 16 == 0, "16-byte aligned arrays");
 };
 
-/// The split kernel for 16-bit Elem (__nv_bfloat16 or __half).
+/// The split kernel for 16-bit Elem (__nv_bfloat16 or __half), bound to the
+/// blocks an SM holds that the split rule counts on (resident_blocks, the
+/// same for both 16-bit types).
 template <int kD, typename Elem>
-__global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
+__global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType::kBf16, kD))
     split_mma_kernel(const Params<Elem> p) {
   using T = MmaTiles<kD>;
   using sm80::kMmaK;
@@ -423,17 +448,24 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
   Elem* Qs = reinterpret_cast<Elem*>(smem + T::kQ);   // [kRows][kD]
   Elem* Ks = reinterpret_cast<Elem*>(smem + T::kK);   // [kStages][kTileKeys][kD]
   Elem* Vs = reinterpret_cast<Elem*>(smem + T::kV);   // [kStages][kTileKeys][kD]
-  float* Ow = reinterpret_cast<float*>(smem + T::kO);  // [kSlices][kRows][kMergeStride], at the end
-  float* Lw = reinterpret_cast<float*>(smem + T::kLw);  // [kSlices][kRows]
-  float* Ww = reinterpret_cast<float*>(smem + T::kW);   // [kSlices][kRows]
+  float* Ow = reinterpret_cast<float*>(smem + T::kO);  // [kMaxSlices][kRows][kMergeStride], at the end
+  float* Lw = reinterpret_cast<float*>(smem + T::kLw);  // [kMaxSlices][kRows]
+  float* Ww = reinterpret_cast<float*>(smem + T::kW);   // [kMaxSlices][kRows]
   float* Lrow = reinterpret_cast<float*>(smem + T::kLrow);  // [kRows]
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates (common/mma_sm80.cuh)
-  const int slice = warp / T::kRowGroups;
-  const int warp_row0 = warp % T::kRowGroups * T::kWarpMTiles * kMmaM;  // first row of the warp
-  const int slice_key0 = slice * kWarpKeys;  // first key of the warp's slice in a tile
+  // The warps' layout: warp w takes the 16 keys from slice_key0 of tile
+  // tt + pair_tile of each step (one tile, or a pair in the narrow layout),
+  // rows from warp_row0; it is slice `slice` of the split's merge, of
+  // `slices`. Narrow: warp w has keys 16 w of the pair's 64, rows 0..15.
+  const bool narrow = T::kCanNarrow && p.group_rows <= kMmaM;
+  const int slices = narrow ? kMmaWarps : T::kSlices;
+  const int slice = narrow ? warp : warp / T::kRowGroups;
+  const int pair_tile = narrow ? warp / T::kSlices : 0;
+  const int warp_row0 = narrow ? 0 : warp % T::kRowGroups * T::kWarpMTiles * kMmaM;  // first row of the warp
+  const int slice_key0 = (narrow ? warp % T::kSlices : slice) * kWarpKeys;  // first key of the slice in its tile
   const sm80::LaneOffsets<kD> q_at(sm80::a_point(lane)), k_at(sm80::k_point(lane)),
       v_at(sm80::v_point(lane));
   const std::int64_t units = p.row_tiles * p.splits;
@@ -455,13 +487,30 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
       const int k_lo = static_cast<int>(s * p.keys_per_split);
       const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
       const int tiles = k_hi > k_lo ? (k_hi - k_lo - 1) / T::kTileKeys + 1 : 0;
-      auto load_kv = [&](int tt) {  // K/V tile tt into its stage; keys past k_hi zero
+      // K/V tile tt into its stage; keys past k_hi zero. A tile with all its
+      // keys inside the split, d the bucket's width and 16-byte rows (every
+      // tile of a split but a ragged last one, at d = 64, 128, 256) takes
+      // load_full_tile_async: a thread's first chunk address and constant
+      // offsets, where load_tile works out each chunk's row, column, bounds
+      // and source (in SASS at d = 128, ~75 of the ~410 instructions a warp
+      // issued per full tile went to K's copies and as many to V's, ahead of
+      // the tile's first ldmatrix; with it, ~48 for both).
+      const bool full_width = p.vec && p.d == kD;
+      auto load_kv = [&](int tt) {
         const int kt = k_lo + tt * T::kTileKeys;
-        const int buf = tt % T::kStages;
-        sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(
-            Ks + buf * T::kTileKeys * kD, K + static_cast<std::int64_t>(kt) * p.d, k_hi - kt, p.d, p.vec);
-        sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(
-            Vs + buf * T::kTileKeys * kD, V + static_cast<std::int64_t>(kt) * p.d, k_hi - kt, p.d, p.vec);
+        Elem* Kt = Ks + tt % T::kStages * T::kTileKeys * kD;  // [kTileKeys][kD]
+        Elem* Vt = Vs + tt % T::kStages * T::kTileKeys * kD;  // [kTileKeys][kD]
+        if (full_width && k_hi - kt >= T::kTileKeys) {
+          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(
+              Kt, K + static_cast<std::int64_t>(kt) * kD);
+          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(
+              Vt, V + static_cast<std::int64_t>(kt) * kD);
+        } else {
+          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(
+              Kt, K + static_cast<std::int64_t>(kt) * p.d, k_hi - kt, p.d, p.vec);
+          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(
+              Vt, V + static_cast<std::int64_t>(kt) * p.d, k_hi - kt, p.d, p.vec);
+        }
       };
 
       __syncthreads();  // the previous unit is done with every shared array
@@ -514,24 +563,43 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         }
       }
 
+      // Q's A fragments of the warp's m16 tiles, where they stay in registers
+      // for the split (T::kQInRegisters): loaded once Q has landed, below.
+      std::uint32_t Qa[T::kQHeldTiles][T::kQHeldSteps][4];
+
       // One K/V tile's work (lines 8-10 of Algorithm 1) for the warp's first
       // kLive m16 tiles. A warp whose rows are all padding skips them: with
       // two m16 tiles a warp (d = 64) and a row tile of at most 16 rows
       // (G Nq <= 16: Nq = 1 with up to 16 query heads a K/V head) the second
-      // tile, and with one (d >= 128, two warps a key slice) the warps of
-      // rows 16..31: half the mma of S and of P~ V and half the exponentials.
+      // tile, and with one (d = 256, two warps a key slice) the warps of
+      // rows 16..31: half the mma of S and of P~ V and half the exponentials
+      // (d = 128 takes the narrow layout there, every warp on rows 0..15).
       // Their m, l and O~ stay as set above, and padding rows are never
       // written.
-      auto tile_step = [&](auto live_tiles, const Elem* Kb, const Elem* Vb, int kt) {
+      //
+      // The work is two steps, the mma of S (score_mma) and the rest
+      // (softmax_pv), and the next K/V tile's copies are issued between them
+      // (the tile loop below): the warp's copy instructions then issue while
+      // the products run, instead of delaying the tile's first ldmatrix and
+      // mma, and the first use of S waits for the products after them.
+      //
+      // S = Q K^T for the warp's rows and its 16 keys (line 8), summed over
+      // the k-steps in kQKChains accumulators per n8 tile (step ks into
+      // S_part[ks % kQKChains]), added up in softmax_pv: each mma waits for
+      // the previous one on its accumulator, so the products of a tile
+      // finish after kQKSteps / kQKChains mma latencies, not kQKSteps.
+      using ScoreParts = float[T::kQKChains][T::kWarpMTiles][T::kSTiles][4];
+      auto score_mma = [&](auto live_tiles, const Elem* Kb, ScoreParts& S_part) {
         constexpr int kLive = decltype(live_tiles)::value;
-        // S = Q K^T for the warp's rows and its 16 keys (line 8).
-        float S[kLive][T::kSTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < kLive; ++mt) {
+        for (int ch = 0; ch < T::kQKChains; ++ch) {
 #pragma unroll
-          for (int nt = 0; nt < T::kSTiles; ++nt) {
+          for (int mt = 0; mt < kLive; ++mt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) S[mt][nt][e] = 0.0f;
+            for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) S_part[ch][mt][nt][e] = 0.0f;
+            }
           }
         }
 #pragma unroll
@@ -542,9 +610,30 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
 #pragma unroll
           for (int mt = 0; mt < kLive; ++mt) {
             std::uint32_t a[4];
-            sm80::ldmatrix_x4(a, Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
-            sm80::mma_m16n8k16<Elem>(S[mt][0], a, b_lo);
-            sm80::mma_m16n8k16<Elem>(S[mt][1], a, b_hi);
+            if constexpr (T::kQInRegisters) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) a[i] = Qa[mt][ks][i];
+            } else {
+              sm80::ldmatrix_x4(a, Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
+            }
+            sm80::mma_m16n8k16<Elem>(S_part[ks % T::kQKChains][mt][0], a, b_lo);
+            sm80::mma_m16n8k16<Elem>(S_part[ks % T::kQKChains][mt][1], a, b_hi);
+          }
+        }
+      };
+      auto softmax_pv = [&](auto live_tiles, const Elem* Vb, int kt, const ScoreParts& S_part) {
+        constexpr int kLive = decltype(live_tiles)::value;
+        float S[kLive][T::kSTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kLive; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              S[mt][nt][e] = S_part[0][mt][nt][e];
+#pragma unroll
+              for (int ch = 1; ch < T::kQKChains; ++ch) S[mt][nt][e] += S_part[ch][mt][nt][e];
+            }
           }
         }
         // Scaled scores in log2 units; keys a row may not see are -inf
@@ -635,25 +724,85 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
       // m16 tiles of the warp that hold valid rows (warp-uniform).
       const int live = min(max((rows - warp_row0 + kMmaM - 1) / kMmaM, 0), T::kWarpMTiles);
 
-      for (int tt = 0; tt < tiles; ++tt) {
-        // Tile tt has arrived for this thread (at most kStages - 2 younger
-        // groups pending); the barrier shows every thread's copies, and says
-        // every warp is done with tile tt - 1, whose stage the copies of
-        // tile tt + kStages - 1 then overwrite. Every warp, padding or not,
-        // copies its share and meets the barrier.
+      // Q and tile 0 (the first group; narrow, tiles 0 and 1) have arrived
+      // for this thread (at most kStages - 2 younger groups pending, narrow
+      // kStages - 3); the barrier shows every thread's copies. The tile loop
+      // below ends with the same wait and barrier for its next step: one
+      // barrier a step, and Q's fragments can be taken before the loop.
+      if constexpr (T::kCanNarrow) {
+        if (narrow) {
+          sm80::cp_async_wait<T::kStages - 3>();
+        } else {
+          sm80::cp_async_wait<T::kStages - 2>();
+        }
+      } else {
         sm80::cp_async_wait<T::kStages - 2>();
-        __syncthreads();
-        if (tt + T::kStages - 1 < tiles) load_kv(tt + T::kStages - 1);
+      }
+      __syncthreads();
+      if constexpr (T::kQInRegisters) {
+        if (tiles > 0) {
+#pragma unroll
+          for (int mt = 0; mt < T::kWarpMTiles; ++mt) {
+            if (mt >= live) continue;  // warp-uniform: padding rows are never multiplied
+#pragma unroll
+            for (int ks = 0; ks < T::kQKSteps; ++ks) {
+              sm80::ldmatrix_x4(Qa[mt][ks], Qs + q_at(warp_row0 + mt * kMmaM, ks * kMmaK));
+            }
+          }
+        }
+      }
+
+      // Starts the copies of tile t, if the split has it, as one cp.async
+      // group: one group per tile index, so that the waits count tiles.
+      auto issue_tile = [&](int t) {
+        if (t < tiles) load_kv(t);
         sm80::cp_async_commit();
-        const int buf = tt % T::kStages;
+      };
+      const int step = narrow ? 2 : 1;  // K/V tiles a barrier
+      for (int tt = 0; tt < tiles; tt += step) {
+        // The warp's tile of this step, and whether the split has it (the
+        // second tile of a narrow pair may be past the split's end).
+        const int tw = tt + pair_tile;
+        const bool has_tile = tw < tiles;
+        const int buf = tw % T::kStages;
         const Elem* Kb = Ks + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
         const Elem* Vb = Vs + buf * T::kTileKeys * kD;  // [kTileKeys][kD]
-        const int kt = k_lo + tt * T::kTileKeys;  // the tile's first key
-        if (live == T::kWarpMTiles) {
-          tile_step(std::integral_constant<int, T::kWarpMTiles>{}, Kb, Vb, kt);
-        } else if constexpr (T::kWarpMTiles > 1) {
-          if (live == 1) tile_step(std::integral_constant<int, 1>{}, Kb, Vb, kt);
+        const int kt = k_lo + tw * T::kTileKeys;  // the tile's first key
+        constexpr auto all_tiles = std::integral_constant<int, T::kWarpMTiles>{};
+        constexpr auto one_tile = std::integral_constant<int, 1>{};
+        ScoreParts S_part;
+        if (has_tile && live == T::kWarpMTiles) {
+          score_mma(all_tiles, Kb, S_part);
+        } else if (has_tile && T::kWarpMTiles > 1 && live == 1) {
+          score_mma(one_tile, Kb, S_part);
         }
+        // The copies of the tiles up to tt + kStages - 1 go into the stages
+        // of the tiles before tt, which every warp was done with at the
+        // barrier that ended the previous step (or, at the first, stages
+        // not used yet): one tile a step, or narrow from the second step on
+        // two. Every warp, padding or not, copies its share and meets the
+        // barriers.
+        if (narrow && tt > 0) issue_tile(tt + T::kStages - 2);
+        issue_tile(tt + T::kStages - 1);
+        if (has_tile && live == T::kWarpMTiles) {
+          softmax_pv(all_tiles, Vb, kt, S_part);
+        } else if (has_tile && T::kWarpMTiles > 1 && live == 1) {
+          softmax_pv(one_tile, Vb, kt, S_part);
+        }
+        // The next step's tiles have arrived for this thread (tile tt + 1,
+        // or narrow tt + 2 and tt + 3: groups through tt + kStages - 1 are
+        // committed); the barrier shows every thread's copies and says
+        // every warp is done with this step's tiles.
+        if constexpr (T::kCanNarrow) {
+          if (narrow) {
+            sm80::cp_async_wait<T::kStages - 4>();
+          } else {
+            sm80::cp_async_wait<T::kStages - 2>();
+          }
+        } else {
+          sm80::cp_async_wait<T::kStages - 2>();
+        }
+        __syncthreads();
       }
 
       // The warps' partials: L_w = (m + log2 l) ln 2 and O_w = O~ / l per
@@ -681,10 +830,10 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
       __syncthreads();
       // The merge kernel's rule over the slices, per row: L, then each
       // slice's weight exp(L_w - L).
-      if (tid < kRows) {
+      if (tid < rows) {
         float L = -INFINITY;
-        for (int w = 0; w < T::kSlices; ++w) L = lse_merge(L, Lw[w * kRows + tid]);
-        for (int w = 0; w < T::kSlices; ++w) Ww[w * kRows + tid] = partial_weight(Lw[w * kRows + tid], L);
+        for (int w = 0; w < slices; ++w) L = lse_merge(L, Lw[w * kRows + tid]);
+        for (int w = 0; w < slices; ++w) Ww[w * kRows + tid] = partial_weight(Lw[w * kRows + tid], L);
         Lrow[tid] = L;
       }
       __syncthreads();
@@ -695,8 +844,8 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads)
         if (c >= p.d) continue;
         float o = 0.0f;
 #pragma unroll
-        for (int w = 0; w < T::kSlices; ++w) {
-          o += Ww[w * kRows + r] * Ow[(w * kRows + r) * T::kMergeStride + c];
+        for (int w = 0; w < T::kMaxSlices; ++w) {
+          if (w < slices) o += Ww[w * kRows + r] * Ow[(w * kRows + r) * T::kMergeStride + c];
         }
         const std::int64_t row = row_base + r0 + r;
         if (p.splits == 1) p.O[row * p.d + c] = from_float<Elem>(o);

@@ -141,8 +141,9 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
   }
 }
 
-// The tensor-core split kernel (fp16, bf16): K/V tiles of mma_tile_keys keys,
-// each cut into slices of kWarpKeys keys, one per warp (group); each slice
+// The tensor-core split kernel (fp16, bf16): steps of mma_step_slices slices
+// of kWarpKeys keys (one K/V tile of mma_tile_keys keys, or with the narrow
+// layout a pair of them), one slice per warp (group); each slice
 // keeps its own m, l and O~ for the rows, and its P~ is rounded to p.dtype as
 // the A operand of P~ V (l sums the unrounded P~, as the kernel's registers
 // do). At the end the slices' (O_w, L_w) are merged with the partial-merge
@@ -152,9 +153,12 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
                       OutL out_L, Cost& c) {
   constexpr std::int64_t F = kFloatBytes;
   const int kD = head_dim_bucket(p.d);
-  const std::int64_t slices = kMmaWarps / mma_row_groups(kD);
-  const std::int64_t row_groups = mma_row_groups(kD);
-  const std::int64_t tile_keys = mma_tile_keys(kD);
+  // Slices per barrier step and the warps that share each (mma_step_slices:
+  // with the narrow layout, a pair of tiles' four slices, one warp each).
+  const std::int64_t group_rows = p.group() * p.Nq;
+  const std::int64_t slices = mma_step_slices(kD, group_rows);
+  const std::int64_t row_groups = mma_step_row_groups(kD, group_rows);
+  const std::int64_t tile_keys = slices * kWarpKeys;
   const std::int64_t d = p.d, E = p.elem_bytes(), rows = u.rows;
   const auto scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
   const std::vector<std::int64_t> end = row_ends(p, u);
@@ -162,13 +166,19 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
   c.sram_write_bytes += rows * d * E;  // ... staged in p.dtype
   const auto n = static_cast<size_t>(slices * rows);
   std::vector<float> m(n, -INFINITY), l(n, 0.0f), acc(n * static_cast<size_t>(d), 0.0f);
+  // Q's fragments: each slice's warps read all the rows of Q, once per K/V
+  // tile, or once per split where the warps hold them in registers
+  // (mma_q_in_registers) and the split has a tile.
+  const std::int64_t q_frag_bytes = slices * rows * d * E;
+  if (mma_q_in_registers(kD) && u.k_hi > u.k_lo) c.sram_read_bytes += q_frag_bytes;
   for (std::int64_t kt = u.k_lo; kt < u.k_hi; kt += tile_keys) {
     const std::int64_t keys = std::min(tile_keys, u.k_hi - kt);
     c.hbm_read_bytes += 2 * keys * d * E;    // the K and V tiles
     c.sram_write_bytes += 2 * keys * d * E;  // ... staged in p.dtype
-    // Fragments: each slice's warps read all the rows of Q, and each key of
-    // K and V is read by the row groups' warps that share its slice.
-    c.sram_read_bytes += (slices * rows + 2 * row_groups * keys) * d * E;
+    // Fragments: Q's (above), and each key of K and V read by the row
+    // groups' warps that share its slice.
+    if (!mma_q_in_registers(kD)) c.sram_read_bytes += q_frag_bytes;
+    c.sram_read_bytes += 2 * row_groups * keys * d * E;
     for (std::int64_t w = 0; w < slices; ++w) {
       const std::int64_t k0 = kt + w * kWarpKeys;
       const std::int64_t wkeys = std::clamp<std::int64_t>(u.k_hi - k0, 0, kWarpKeys);

@@ -30,15 +30,18 @@
 //   per element merge_warps - 1 adds (the row's warps' sums added up).
 // fp16 and bf16 run on the tensor-core split kernel (split_kv.cu,
 // split_mma_kernel), with the same HBM traffic and matmul FLOPs and, with S
-// key slices per K/V tile of T keys (T = mma_tile_keys, S = its slices, RG
-// warps sharing a slice: split_kv_plan.h):
+// key slices of 16 keys per barrier step of T = 16 S keys (one K/V tile, or
+// with the narrow layout a pair: mma_step_slices) and RG warps sharing a
+// slice (mma_step_row_groups, split_kv_plan.h):
 // - SRAM writes: the block's Q rows (R d elements of p.dtype), each K/V tile
 //   (2 keys d), and at the end per row each slice's O_w and L_w (S (d + 1)
 //   floats), the S merge weights and L (S + 1).
-// - SRAM reads, as the warps load fragments: per visited K/V tile the rows
-//   of Q once per slice (S R d), every K and V element once per warp of its
-//   slice (RG each); at the end per row L_w twice (for L, then the weights:
-//   2 S), per element a weight and an O_w per slice (2 S d), and L once.
+// - SRAM reads, as the warps load fragments: the rows of Q once per slice
+//   (S R d) per visited K/V tile, or once per split where the warps hold
+//   them in registers (mma_q_in_registers: d = 128); every K and V element
+//   once per warp of its slice (RG each); at the end per row L_w twice (for
+//   L, then the weights: 2 S), per element a weight and an O_w per slice
+//   (2 S d), and L once.
 // - Non-matmul FLOPs: per (row, key read) the scale (every score: masked ones
 //   are scaled and then set to -inf), max, subtract, exp2 and add to the row
 //   sum (5); per row and 16-key slice holding keys the max with m, alpha
@@ -122,9 +125,12 @@ Cost count(const Problem& p, const Plan& plan) {
                         row_kv_tiles * (kFlopsPerRowTile + p.d) + row_ends * (p.d + kFlopsPerRowEnd);
   } else {
     const int kD = head_dim_bucket(p.d);
-    const std::int64_t S = kMmaWarps / mma_row_groups(kD), RG = mma_row_groups(kD);
-    const std::int64_t T = mma_tile_keys(kD);
-    std::int64_t tiles = 0;  // K/V tiles a (K/V head, row tile) visits over its splits
+    // Slices a barrier step, warps sharing each, keys a step (one K/V tile,
+    // or with the narrow layout a pair).
+    const std::int64_t S = mma_step_slices(kD, plan.group_rows);
+    const std::int64_t RG = mma_step_row_groups(kD, plan.group_rows);
+    const std::int64_t T = S * kWarpKeys;
+    std::int64_t tiles = 0;  // steps a (K/V head, row tile) takes over its splits
     for (std::int64_t s = 0; s < plan.splits; ++s) {
       const std::int64_t k_lo = s * plan.keys_per_split;
       tiles += (std::min(k_lo + plan.keys_per_split, p.Nk) - k_lo - 1) / T + 1;
@@ -135,7 +141,9 @@ Cost count(const Problem& p, const Plan& plan) {
     c.sram_write_bytes = plan.splits * rows_total * p.d * E +              // Q
                          kv_heads * plan.row_tiles * 2 * p.Nk * p.d * E +  // K and V
                          row_ends * (S * (p.d + 1) + S + 1) * F;          // O_w, L_w; weights, L
-    c.sram_read_bytes = S * rows_total * p.d * E * tiles +                     // Q fragments
+    // Q's fragments: per K/V tile, or once per split where held in registers.
+    const std::int64_t q_reads = mma_q_in_registers(kD) ? row_ends : rows_total * tiles;
+    c.sram_read_bytes = S * q_reads * p.d * E +                                // Q fragments
                         kv_heads * plan.row_tiles * 2 * RG * p.Nk * p.d * E +  // K, V fragments
                         row_ends * (2 * S + 2 * S * p.d + 1) * F;              // the slices' merge
     c.nonmatmul_flops = kMmaFlopsPerKey * key_rows + row_slices * (kFlopsPerRowTile + p.d) +

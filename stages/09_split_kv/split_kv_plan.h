@@ -98,6 +98,42 @@ constexpr int mma_warp_m_tiles(int kD) { return kD <= 64 ? 2 : 1; }
 constexpr int mma_row_groups(int kD) { return 2 / mma_warp_m_tiles(kD); }
 /// Keys of one K/V tile of the 16-bit kernel: one slice per warp group.
 constexpr int mma_tile_keys(int kD) { return kMmaWarps / mma_row_groups(kD) * kWarpKeys; }
+/// Whether the 16-bit kernel at bucket kD runs a group of at most one m16
+/// tile of rows (G Nq <= 16: every decode of H_kv = 8 or 32 at H = 32) with
+/// every warp multiplying: at d = 128 two warps share each 16-key slice of
+/// a 32-key tile, one m16 tile of rows each, and with 16 rows or fewer the
+/// second warp of each slice only copied and waited at the barriers. Here
+/// the four warps take the four 16-key slices of two consecutive tiles
+/// instead, all on rows 0..15, with one barrier per pair: the chain of
+/// fragments, mma and softmax a warp runs per barrier is unchanged, and it
+/// covers 64 keys a block instead of 32. At d = 128 only: a pair of tiles
+/// with 4 more in flight needs the 6 stages (mma_stages); d = 64 has every
+/// warp multiplying already.
+FLASHSTEP_HOST_DEVICE constexpr bool mma_narrow(int kD, std::int64_t group_rows) {
+  return kD == 128 && group_rows <= 16;
+}
+/// Key slices of 16 keys per barrier of the 16-bit kernel (kMmaWarps /
+/// row groups, or every warp's own in the narrow layout), and the warps
+/// that read each slice's K and V fragments.
+constexpr int mma_step_slices(int kD, std::int64_t group_rows) {
+  return mma_narrow(kD, group_rows) ? kMmaWarps : kMmaWarps / mma_row_groups(kD);
+}
+constexpr int mma_step_row_groups(int kD, std::int64_t group_rows) {
+  return mma_narrow(kD, group_rows) ? 1 : mma_row_groups(kD);
+}
+/// Whether the 16-bit kernel's warps hold Q's A fragments (their m16 tiles'
+/// rows, all kD columns) in registers for the whole split, read from shared
+/// memory once, instead of once per K/V tile. Per tile that saves a third of
+/// a warp's ldmatrix (its Q, besides K and V) and of the shared-memory
+/// bandwidth they take: at d = 128 two blocks an SM read 8 x 512 bytes of Q
+/// per warp and tile, 32 KiB of the ~96 KiB of fragments and ~32 KiB of
+/// cp.async stores an SM's shared memory serves (128 bytes a clock) per
+/// tile. It costs kD / 4 registers a lane per m16 tile: at d = 128 (one m16
+/// tile, 168 registers) 32, and two blocks of 128 threads still fit under
+/// 256 registers a thread. Not at d = 64, where its 164 registers would
+/// pass the 170 that keep three blocks an SM (resident_blocks), nor at
+/// d = 256, at 255 already.
+constexpr bool mma_q_in_registers(int kD) { return kD == 128; }
 /// K/V tiles of the 16-bit kernel in shared memory at once. Decoding is
 /// HBM-bound, so the tiles are there to keep bytes in flight: by Little's law
 /// an SM's share of an H200's ~4.8 TB/s (36 B/ns) at 1.5 to 2 us of latency
@@ -119,9 +155,13 @@ constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 ///   fp32 (split_kernel, 256 threads)   d = 64, 128: 128 registers, 2 blocks
 ///                                      d = 256: 214 registers, 1 block
 ///   16 bits (split_mma_kernel, 128)    d = 64: 168 registers, 69 KiB: 3
-///                                      d = 128: 168 registers, 105 KiB: 2
+///                                      d = 128: 250 registers, 105 KiB: 2
 ///                                      d = 256: 255 registers, 113 KiB: 2
 ///
+/// The 16-bit kernel asks ptxas for these blocks (its __launch_bounds__):
+/// at d = 64 that caps it at 168 registers, where the next K/V tile's copies
+/// issued between the mma of S and their use (split_kv.cu) took 187 to 211.
+/// At 128 threads a block, 256 registers a thread still fit two blocks.
 /// The split rule counts waves of blocks with it; a GPU test checks it
 /// against the occupancy the device reports (test_kvcache_gpu.cpp).
 constexpr int resident_blocks(DType t, int kD) {

@@ -56,6 +56,20 @@ __device__ inline int tile_offset(int row, int col) {
   }
 }
 
+/// How kThreads threads split a [kRows][kCols] tile into 16-byte chunks for
+/// a copy (load_tile, load_full_tile_async): a thread takes one chunk column
+/// col and the rows row0 + k * kRowsPerPass.
+template <int kRows, int kCols, int kThreads>
+struct ChunkColumn {
+  static constexpr int kChunksPerRow = kCols / kChunkElems;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0,
+                "the threads cover whole rows, and the tile whole passes");
+  int row0 = threadIdx.x / kChunksPerRow;
+  int col = threadIdx.x % kChunksPerRow * kChunkElems;
+};
+
 /// Copies rows [0, rows_valid) x columns [0, d) of a row-major global array
 /// with d columns into a [kRows][kCols] tile, zero-filling the rest (rows past
 /// the sequence's end, columns past d).
@@ -72,17 +86,14 @@ __device__ inline int tile_offset(int row, int col) {
 /// element.
 template <typename Elem, int kRows, int kCols, bool kSwizzle, bool kAsync, int kThreads>
 __device__ inline void load_tile(Elem* tile, const Elem* src, int rows_valid, int d, bool vec) {
-  constexpr int kChunksPerRow = kCols / kChunkElems;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0,
-                "the threads cover whole rows, and the tile whole passes");
-  const int row0 = threadIdx.x / kChunksPerRow;
-  const int col = threadIdx.x % kChunksPerRow * kChunkElems;
+  using Split = ChunkColumn<kRows, kCols, kThreads>;
+  const Split mine;
+  const int row0 = mine.row0, col = mine.col;
   if (vec) {
     // A compile-time trip count: fully unrolled with no exit test per chunk.
 #pragma unroll
-    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-      const int row = row0 + pass * kRowsPerPass;
+    for (int pass = 0; pass < Split::kPasses; ++pass) {
+      const int row = row0 + pass * Split::kRowsPerPass;
       Elem* dst = tile + tile_offset<kCols, kSwizzle>(row, col);
       const bool inside = row < rows_valid && col < d;
       const Elem* from = inside ? src + static_cast<std::int64_t>(row) * d + col : src;
@@ -96,7 +107,7 @@ __device__ inline void load_tile(Elem* tile, const Elem* src, int rows_valid, in
     // d not a multiple of 8 (rows not 16-byte aligned) or a misaligned
     // tensor: element by element, zeros past d. Rolled: it is the slow path.
 #pragma unroll 1
-    for (int row = row0; row < kRows; row += kRowsPerPass) {
+    for (int row = row0; row < kRows; row += Split::kRowsPerPass) {
       Elem* dst = tile + tile_offset<kCols, kSwizzle>(row, col);
       const bool inside = row < rows_valid;
       const Elem* from = src + static_cast<std::int64_t>(inside ? row : 0) * d;
@@ -115,22 +126,19 @@ __device__ inline void load_tile(Elem* tile, const Elem* src, int rows_valid, in
 /// its shared-memory chunks are load_tile's. load_tile works out every
 /// chunk's row and column, checks them and selects its address: about 10
 /// integer instructions a chunk, against 2 here (the 64-bit add: cp.async
-/// takes no offset on its global address). In a loop that streams a Q or
-/// K/V block past every few hundred instructions that is a tenth of the loop
-/// (stage 07's backward).
+/// takes no offset on its global address), which counts in a loop that
+/// streams a Q or K/V block past every few hundred instructions (stage 07's
+/// backward). tile: [kRows][kCols], swizzled; src: [kRows, kCols].
 template <typename Elem, int kRows, int kCols, int kThreads>
 __device__ inline void load_full_tile_async(Elem* tile, const Elem* src) {
-  constexpr int kChunksPerRow = kCols / kChunkElems;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0,
-                "the threads cover whole rows, and the tile whole passes");
-  const int row0 = threadIdx.x / kChunksPerRow;
-  const int col = threadIdx.x % kChunksPerRow * kChunkElems;
+  using Split = ChunkColumn<kRows, kCols, kThreads>;
+  const Split mine;
   const Elem* from = src + threadIdx.x * kChunkElems;
 #pragma unroll
-  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-    sm80::cp_async_16(tile + tile_offset<kCols, true>(row0 + pass * kRowsPerPass, col),
-                      from + pass * kRowsPerPass * kCols, true);
+  for (int pass = 0; pass < Split::kPasses; ++pass) {
+    sm80::cp_async_16(tile + tile_offset<kCols, true>(mine.row0 + pass * Split::kRowsPerPass,
+                                                      mine.col),
+                      from + pass * Split::kRowsPerPass * kCols, true);
   }
 }
 

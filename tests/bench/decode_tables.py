@@ -97,15 +97,20 @@ CORE_PEAK = {"fp32": "fma", "bf16": "mma_bf16", "fp16": "mma_bf16"}
 GOAL_SHARE = 0.85  # the issue's goal, as a share of the copy ceiling
 
 
+def flops_per_byte(r):
+    """Decoding point r's 4 B H Nq Nk d FLOPs (both products) per ideal byte."""
+    flops = 4 * int(r["B"]) * int(r["H"]) * int(r["Nq"]) * int(r["Nk"]) * int(r["d"])
+    return flops / int(r["ideal bytes"])
+
+
 def core_bound(r, ceil):
     """The most of the copy ceiling decoding point r can reach when the cores are the
-    other limit: its 4 B H Nq Nk d FLOPs (both products) at the measured peak of the cores
-    it runs on, against its ideal bytes at the copy ceiling; None without both ceilings."""
+    other limit: its FLOPs at the measured peak of the cores it runs on, against its ideal
+    bytes at the copy ceiling; None without both ceilings or the bytes."""
     peak, copy = ceil.get(CORE_PEAK.get(r["dtype"])), ceil.get("copy")
     if not peak or not copy or not num(r.get("ideal bytes")):
         return None
-    flops = 4 * int(r["B"]) * int(r["H"]) * int(r["Nq"]) * int(r["Nk"]) * int(r["d"])
-    return min(1.0, (peak * 1e12 / flops) / (copy * 1e12 / int(r["ideal bytes"])))
+    return min(1.0, peak / (flops_per_byte(r) * copy))
 
 
 def bound_lines(rows, ceil):
@@ -120,9 +125,7 @@ def bound_lines(rows, ceil):
         bounds = [b for b in (core_bound(r, ceil) for r in here) if b is not None]
         if not bounds or max(bounds) >= GOAL_SHARE:
             continue
-        r = next(r for r in here if core_bound(r, ceil) is not None)
-        intensity = (4 * int(r["B"]) * int(r["H"]) * nq * int(r["Nk"]) * int(r["d"])
-                     / int(r["ideal bytes"]))
+        intensity = flops_per_byte(next(r for r in here if core_bound(r, ceil) is not None))
         out.append(f"- {t}, Nq = {nq}, H_kv = {h_kv}: {intensity:.0f} FLOP per byte read, so "
                    f"{CORE_PEAK[t]}'s {ceil[CORE_PEAK[t]]:g} TFLOP/s allow at most "
                    f"{span([100 * b for b in bounds], '%')} of the copy ceiling: the goal's "

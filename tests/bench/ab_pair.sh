@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# A paired A/B on a GPU machine, in one call: this tree ("new") against the
+# same tree with a patch reversed ("old"), both built for one stage only and
+# timed in turn, ROUNDS times (default 2), on the same problems; then one
+# table of the best median of each side and new ÷ old. Timings from two
+# calls (two machines, two warm-ups) differ by a few percent on their own;
+# in one call they differ by the change.
+#
+# The lent machine gets the working tree without .git, so the patch is made
+# beforehand where git is:
+#   git diff BASE HEAD -- stages/ > ab.patch        (BASE: the code to beat)
+#   bash tests/bench/ab_pair.sh ab.patch STAGE_FOLDER forward  [sweep.py flags...]
+#   bash tests/bench/ab_pair.sh ab.patch STAGE_FOLDER backward [backward16.py flags...]
+#   bash tests/bench/ab_pair.sh ab.patch STAGE_FOLDER decode   [decode.py flags...]
+# e.g. bash tests/bench/ab_pair.sh ab.patch 08_hopper forward --N 2048 16384 --d 64 128 --causal both
+#
+# forward times the stage's entries named by STAGES (a sweep.py --stage
+# selector, default the folder's headline entry); backward and decode time
+# every entry of the stage without SDPA. Every point is checked against the
+# fp64 reference as the scripts always do (the table's last column). A
+# backward A/B is slow: two rounds of 8 points at N = 4096 and 16384 did
+# not fit a 10-minute call, nor one round of 4 points at N = 4096 (both
+# builds included) 270 s; plan one round, or few points, a call. The
+# CSVs and the build logs go, as one archive, to $OUT/ab_pair.tar.gz (or
+# ./ab-pair-logs).
+set -uo pipefail
+patch_file=${1:?usage: bash tests/bench/ab_pair.sh PATCH STAGE_FOLDER forward|backward|decode [flags...]}
+folder=${2:?usage: bash tests/bench/ab_pair.sh PATCH STAGE_FOLDER forward|backward|decode [flags...]}
+kind=${3:?usage: bash tests/bench/ab_pair.sh PATCH STAGE_FOLDER forward|backward|decode [flags...]}
+shift 3
+cd "$(dirname "$0")/../.." || exit 1
+root=$PWD
+case "$patch_file" in /*) ;; *) patch_file="$root/$patch_file" ;; esac
+[ -f "$patch_file" ] || { echo "ab_pair: no patch file $patch_file" >&2; exit 2; }
+[ -d "stages/$folder" ] || { echo "ab_pair: no stage folder stages/$folder" >&2; exit 2; }
+case "$kind" in
+  forward) script=tests/bench/sweep.py; extra=(--stage "${STAGES:-${folder%%_*}}") ;;
+  backward) script=tests/bench/backward16.py; extra=(--no-peers) ;;
+  decode) script=tests/bench/decode.py; extra=(--no-peers) ;;
+  *) echo "ab_pair: the kind is forward, backward or decode, not '$kind'" >&2; exit 2 ;;
+esac
+export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
+out=${OUT:-ab-pair-logs}
+mkdir -p "$out"
+logs=$(mktemp -d)
+old=$(mktemp -d)
+cp -r stages tests cmake docs notebooks CMakeLists.txt CMakePresets.json "$old"/ || exit 1
+(cd "$old" && patch -s -R -p1 <"$patch_file") \
+  || { echo "ab_pair: $patch_file does not reverse onto this tree" >&2; exit 2; }
+build_one() {  # build_one TREE NAME: the stage alone, the CLI only
+  (cd "$1" && cmake -S . -B build-pair -G Ninja -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
+     -DFLASHSTEP_STAGES_ONLY="$folder" -DFLASHSTEP_BUILD_TESTS=OFF >"$logs/configure_$2.log" 2>&1 \
+   && cmake --build build-pair --target flashstep -j "$(( $(nproc) / 2 ))" >"$logs/build_$2.log" 2>&1)
+}
+build_one "$root" new & build_one "$old" old & wait
+for side in new old; do
+  tree=$root; [ $side = old ] && tree=$old
+  [ -x "$tree/build-pair/stages/cli/flashstep" ] \
+    || { echo "ab_pair: the $side build failed:"; grep -E "error|FAILED" "$logs/build_$side.log" | head -10
+         tar czf "$out/ab_pair.tar.gz" -C "$logs" .; exit 1; }
+done
+rounds=${ROUNDS:-2}
+for round in $(seq "$rounds"); do
+  for side in new old; do
+    tree=$root; [ $side = old ] && tree=$old
+    echo "ab_pair: round $round of $rounds, $side"
+    python3 "$script" --flashstep "$tree/build-pair/stages/cli/flashstep" \
+      --out "$logs/${side}_$round.csv" "${extra[@]}" "$@" >"$logs/${side}_$round.log" 2>&1 \
+      || echo "ab_pair: the $side run of round $round failed (its log: ${side}_$round.log)"
+  done
+  tar czf "$out/ab_pair.tar.gz" -C "$logs" .  # each round kept, should a time limit stop the next
+done
+python3 tests/bench/ab_pair_table.py "$logs"
+status=$?
+tar czf "$out/ab_pair.tar.gz" -C "$logs" .
+rm -rf "$old"
+exit $status

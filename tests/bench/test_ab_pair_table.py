@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""ab_pair_table.py without a GPU: synthetic rounds of both sides in, the
+table out; and ab_pair.sh's refusals of bad arguments, which come before it
+builds anything. Prints a line per check and exits 1 if any failed."""
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIELDS = ["stage", "pass", "dtype", "check", "median ms", "B", "H", "Nq", "Nk", "d", "causal"]
+
+
+def row(ms, n=4096, check="ok", passname="bwd", stage="07_tensor_core"):
+    return {"stage": stage, "pass": passname, "dtype": "bf16", "check": check,
+            "median ms": str(ms), "B": str(16384 // n), "H": "16", "Nq": str(n), "Nk": str(n),
+            "d": "128", "causal": "0"}
+
+
+def table(rounds):
+    """ab_pair_table.py's exit status and lines on {file name: rows}."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name, rows in rounds.items():
+            with open(os.path.join(folder, name), "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=FIELDS)
+                w.writeheader()
+                w.writerows(rows)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "ab_pair_table.py"), folder],
+                           capture_output=True, text=True)
+    return p.returncode, p.stdout.splitlines()
+
+
+def pair(*args):
+    """ab_pair.sh's exit status and stderr lines."""
+    p = subprocess.run(["bash", os.path.join(HERE, "ab_pair.sh"), *args],
+                       capture_output=True, text=True)
+    return p.returncode, p.stderr.splitlines()
+
+
+def main():
+    rc, lines = table({"new_1.csv": [row(2.2), row(9.0, n=16384), row(1.0, passname="fwd+bwd"),
+                                     row(0.5, n=1024)],
+                       "new_2.csv": [row(2.0), row(9.5, n=16384)],
+                       "old_1.csv": [row(2.5), row(10.0, n=16384), row(0.6, n=1024)],
+                       "old_2.csv": [row(2.6), row(10.4, n=16384)]})
+    bad_rc, bad = table({"new_1.csv": [row(2.0, check="FAIL")], "old_1.csv": [row(2.5)]})
+    empty_rc, empty = table({"new_1.csv": [row(2.0)]})
+    checks = [
+        ("the best median of each side over the rounds, and new ÷ old",
+         "07_tensor_core bf16 4 16 4096 4096 128 0 | 2.0 | 2.5 | ×0.800 | ok" in lines
+         and "07_tensor_core bf16 1 16 16384 16384 128 0 | 9.0 | 10.0 | ×0.900 | ok" in lines),
+        ("only the backward pass of backward16's rows",
+         len(lines) == 4 and not any("| 1.0 |" in x for x in lines)),
+        ("problems sorted as numbers (B = 4 before B = 16)",
+         [x.split(" ")[2] for x in lines[1:]] == ["1", "4", "16"]),
+        ("exit 0 when every point passed", rc == 0),
+        ("a failed check is shown and exits 1", bad_rc == 1 and any("FAIL" in x for x in bad)),
+        ("a side without rows exits 1 with one line",
+         empty_rc == 1 and empty == [empty[0]] and "no timed rows for old" in empty[0]),
+    ]
+    with tempfile.NamedTemporaryFile(suffix=".patch") as patch:
+        refusals = [("no patch file", pair("/nonexistent.patch", "08_hopper", "forward")),
+                    ("no such stage", pair(patch.name, "99_nothing", "forward")),
+                    ("an unknown kind", pair(patch.name, "08_hopper", "sideways"))]
+    for what, (code, err) in refusals:
+        checks.append((f"ab_pair.sh: {what} is refused with one line and exit 2",
+                       code == 2 and len(err) == 1 and err[0].startswith("ab_pair: ")))
+    for name, ok in checks:
+        print(("ok   " if ok else "FAIL ") + name)
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
