@@ -340,35 +340,40 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
 }
 
-TEST_CASE("stage 07's (dK, dV) kernel: one block barrier per (query head, Q block) pair") {
-  // The atomic variant's dS tile is double-buffered: a pair's dQ step runs
-  // behind the next pair's barrier, the last pair's behind one of its own,
-  // then one before the tiles are reused (n + 2 a thread block of n pairs;
-  // with one tile it was 2 n + 1). The deterministic (dK, dV) kernel has no
-  // dQ step (n + 1), its dQ kernel one per K/V block and one at its end.
+TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
+  // From d = 128 the atomic variant's dS tile is double-buffered: a pair's
+  // dQ step runs behind the next pair's barrier, the last pair's behind one
+  // of its own, then one before the tiles are reused (n + 2 a thread block
+  // of n pairs). At d = 64, one tile: two a pair, then one (2 n + 1). The
+  // deterministic (dK, dV) kernel has no dQ step (n + 1), its dQ kernel one
+  // per K/V block and one at its end.
   const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
   const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
+  namespace bwd = flashstep::tensor_core::bwd;
+  CHECK(bwd::ds_tiles(64) == 1);
+  CHECK(bwd::ds_tiles(128) == 2);
+  CHECK(bwd::ds_tiles(256) == 2);
   // N = 256, d = 64: 4 K/V blocks of 64 keys, 4 Q blocks of 64 rows.
   Problem p = make_problem(1, 1, 256, 256, 64, false);
   p.dtype = flashstep::DType::kBf16;
-  CHECK(atomic->backward_model(p).barriers == 4 * (4 + 2));
+  CHECK(atomic->backward_model(p).barriers == 4 * (2 * 4 + 1));
   CHECK(deterministic->backward_model(p).barriers == 4 * (4 + 1) + 4 * (4 + 1));
   // Causal: K/V block j sees 4 - j Q blocks (10 pairs), Q block i sees i + 1
   // K/V blocks.
   p.causal = true;
-  CHECK(atomic->backward_model(p).barriers == 10 + 4 * 2);
+  CHECK(atomic->backward_model(p).barriers == 2 * 10 + 4);
   CHECK(deterministic->backward_model(p).barriers == (10 + 4) + (10 + 4));
   // Nk = 320, causal (bottom-right: row r sees keys up to r + 64): 5 K/V
   // blocks, seen by 4, 4, 3, 2 and 1 Q blocks.
   p.Nk = 320;
-  CHECK(atomic->backward_model(p).barriers == 14 + 5 * 2);
+  CHECK(atomic->backward_model(p).barriers == 2 * 14 + 5);
   // Grouped, 4 query heads on one K/V head: 16 pairs a thread block, one
   // block per K/V block.
   p = make_problem(1, 4, 256, 256, 64, false);
   p.H_kv = 1;
   p.dtype = flashstep::DType::kBf16;
-  CHECK(atomic->backward_model(p).barriers == 4 * (16 + 2));
-  // d = 128: 2 K/V blocks of 128 keys.
+  CHECK(atomic->backward_model(p).barriers == 4 * (2 * 16 + 1));
+  // d = 128, two dS tiles: 2 K/V blocks of 128 keys.
   p = make_problem(1, 1, 256, 256, 128, false);
   p.dtype = flashstep::DType::kBf16;
   CHECK(atomic->backward_model(p).barriers == 2 * (4 + 2));

@@ -53,9 +53,10 @@
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
-// the dS tile double-buffered too (atomic variant), so that block i's dQ step
-// runs after block i + 1's one barrier, beside its products: one block
-// barrier per Q block (dkdv_block proves the order race-free). A warp
+// from d = 128 the dS tile double-buffered too (atomic variant), so that
+// block i's dQ step runs after block i + 1's one barrier, beside its
+// products: one block barrier per Q block (dkdv_block proves the order
+// race-free); at d = 64 one dS tile and a second barrier (ds_tiles). A warp
 // computes S^T and dP^T for kQSlice = 32 queries of the Q block at a time,
 // which keeps their accumulators beside dK_j's and dV_j's within the
 // registers (tensor_core_backward_tiles.h). All tiles but L and D in the
@@ -122,18 +123,20 @@ struct BackwardConfig {
   static constexpr int kDQCols = kHeadDim * kDQRowGroups / kWarps;  // dQ columns per warp
 
   // Shared memory: Kj, Vj; two buffers of Qi and dOi; two buffers of L and
-  // D (fp32); then, in the atomic variant only, two buffers of the dS tile
-  // (dkdv_block says why two). The deterministic variant has no dQ step and
-  // no dS tile.
+  // D (fp32); then, in the atomic variant only, kDSTiles dS tiles
+  // (ds_tiles says why one or two). The deterministic variant has no dQ step
+  // and no dS tile.
+  static constexpr int kDSTiles = ds_tiles(kHeadDim);
   static constexpr int kKVElems = kBc * kHeadDim;
   static constexpr int kQElems = kBr * kHeadDim;
   static constexpr int kDSElems = kBr * kBc;
   static constexpr int kRowFloats = 2 * 2 * kBr;  // L and D, two buffers each
   static constexpr int smem_bytes(bool atomic_dq) {
-    return (2 * kKVElems + 4 * kQElems + (atomic_dq ? 2 * kDSElems : 0)) * 2 + kRowFloats * 4;
+    return (2 * kKVElems + 4 * kQElems + (atomic_dq ? kDSTiles * kDSElems : 0)) * 2 +
+           kRowFloats * 4;
   }
   static_assert(smem_bytes(true) <= kMaxSmemBytesPerBlock,
-                "two dS tiles fit beside the other tiles in every bucket");
+                "the dS tiles fit beside the other tiles in every bucket");
 
   static_assert(kBr == kDQRowGroups * kMmaM && kWarps % kDQRowGroups == 0,
                 "in the dQ step each row group's warps take 16 query rows");
@@ -445,8 +448,11 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   Elem* dObuf = Qbuf + 2 * C::kQElems;       // 2 x [Br][kHeadDim]
   float* Lbuf = reinterpret_cast<float*>(dObuf + 2 * C::kQElems);  // 2 x [Br]
   float* Dbuf = Lbuf + 2 * kBr;                                     // 2 x [Br]
-  // 2 x [Bc][Br]: dS_ij^T, keys as rows (atomic variant only)
+  // kDSTiles x [Bc][Br]: dS_ij^T, keys as rows (atomic variant only)
   Elem* dSbuf = reinterpret_cast<Elem*>(Dbuf + 2 * kBr);
+  // Whether a pair's dQ step waits for the next pair's pass (two dS tiles)
+  // or follows its products behind a barrier of its own (one).
+  constexpr bool kDeferDQ = kAtomicDQ && C::kDSTiles == 2;
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -500,7 +506,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   int q0 = q_first;            // its Q block's first row
   // Pairs left, this one included: an int (backward() refuses more).
   int left = p.G * ((p.Nq - q_first - 1) / kBr + 1);
-  // Whether a pair has passed, whose dQ step is then due (atomic variant). A
+  // Whether a pair has passed, whose dQ step is then due (kDeferDQ). A
   // flag: comparing `left` with a count of all pairs took a register more,
   // and ptxas -v (sm_90) showed 8 bytes spilled at d = 128; comparing
   // (bh, q0) with the group's first pair spilled at d = 128 and 256.
@@ -511,11 +517,15 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
                         Lbuf + first * kBr, Dbuf + first * kBr);
   sm80::cp_async_commit();
 
-  // One block barrier per pair. The atomic variant's dQ step of a pair runs
-  // in the next pair's pass, from a second dS tile, so that the barrier that
-  // hands that pass its Q block also hands it the finished dS tile (with one
-  // tile a second barrier had to wait for the tile between the products and
-  // the dQ step). The pass of pair k, with b = left % 2 and b' = 1 - b:
+  // One block barrier per pair with two dS tiles (kDeferDQ). The atomic
+  // variant's dQ step of a pair then runs in the next pair's pass, from the
+  // other dS tile, so that the barrier that hands that pass its Q block also
+  // hands it the finished dS tile. With one tile (d = 64, and the
+  // deterministic variant, which has no dQ step) a pair's dQ step follows
+  // its products behind a second barrier (the whole tile written before any
+  // warp reads it), and barrier k + 1 keeps the next products from
+  // rewriting the tile before every warp has read it. The pass of pair k,
+  // with two tiles, b = left % 2 and b' = 1 - b:
   //   after barrier k:  copies into Qi, dOi, L, D [b'] start (pair k + 1);
   //                     the dQ step of pair k - 1 reads dS [b'] and Kj;
   //                     the products of pair k read Qi, dOi, L, D [b], Kj,
@@ -543,7 +553,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     const Elem* dOi = dObuf + buf * C::kQElems;
     const float* Ls = Lbuf + buf * kBr;
     const float* Ds = Dbuf + buf * kBr;
-    Elem* dS = dSbuf + buf * C::kDSElems;  // [Bc][Br]: this pair's dS_ij^T
+    Elem* dS = dSbuf + (kDeferDQ ? buf : 0) * C::kDSElems;  // [Bc][Br]: this pair's dS_ij^T
     sm80::cp_async_wait<0>();
     __syncthreads();  // barrier k (above)
     if (left > 1) {  // line 9 for the next pair, under this one's products
@@ -559,7 +569,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     // then drain while this pair's products run. (Either order is race-free,
     // above; with the dQ step after the products ptxas spilled at d = 64 and
     // 256.)
-    if constexpr (kAtomicDQ) {
+    if constexpr (kDeferDQ) {
       if (after_first) {
         dq_step<Elem, C>(p, dSbuf + (1 - buf) * C::kDSElems, Kj,
                          previous_dq_row(bh, q0, q_first, p.Nq));
@@ -624,6 +634,11 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       }
     }
 
+    if constexpr (kAtomicDQ && !kDeferDQ) {
+      __syncthreads();  // the whole dS tile is in
+      dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
+    }
+
     if (q0 >= p.Nq - kBr) {  // the next pair, as prefetched above
       q0 = q_first;
       ++bh;
@@ -632,11 +647,11 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     }
   }
   // Lines 18-19: dK_j = scale dS^T Q summed (over the group's heads too),
-  // dV_j as summed. Before the last pair's dQ step: a warp done with its
-  // products stores them while the others finish theirs.
+  // dV_j as summed. Before the last pair's dQ step (two dS tiles): a warp
+  // done with its products stores them while the others finish theirs.
   store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, p.scale);
   store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 1.0f);
-  if constexpr (kAtomicDQ) {
+  if constexpr (kDeferDQ) {
     __syncthreads();  // the last pair's dS tile is in: dS [1], as it had left = 1
     dq_step<Elem, C>(p, dSbuf + C::kDSElems, Kj, previous_dq_row(bh, q0, q_first, p.Nq));
   }

@@ -7,8 +7,9 @@
 // that the low-precision rule (common/check.h) can be checked on the CPU
 // against what the GPU will compute. Sums run in a fixed order here; the
 // tensor cores' order differs only by fp32 rounding (and the atomic
-// kernel adds a Q block's dQ one pass of its loop later, from a second dS
-// tile: the same terms, in whatever order the atomics land).
+// kernel, from d = 128, adds a Q block's dQ one pass of its loop later,
+// from a second dS tile: the same terms, in whatever order the atomics
+// land).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

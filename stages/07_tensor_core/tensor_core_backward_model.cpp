@@ -42,9 +42,10 @@
 //   one multiply per element.
 // - Block barriers, summed over thread blocks: a (dK, dV) block meets once
 //   per visited (query head, Q block) pair and once before its tiles are
-//   reused, and in the atomic variant once more after the pairs, for the
-//   last pair's dQ step (its dS tile is double-buffered: each pair's dQ
-//   step runs behind the next pair's barrier); not at all when no row sees
+//   reused; in the atomic variant with two dS tiles (bwd::ds_tiles) once
+//   more after the pairs, for the last pair's dQ step (each pair's dQ step
+//   runs behind the next pair's barrier), with one tile once more per pair
+//   (between its products and its dQ step); not at all when no row sees
 //   its K/V block. A dQ kernel block meets once per K/V block and once at
 //   its end.
 #include <algorithm>
@@ -73,6 +74,8 @@ Cost backward_model(const Problem& p) {
   const std::int64_t groups = bwd::key_groups(bucket);
   const std::int64_t Bc = bwd::block_keys(bucket);
   const std::int64_t dq_col_parts = warps / bwd::kDQRowGroups;
+  const bool defer_dq = kAtomicDQ && bwd::ds_tiles(bucket) == 2;
+  const std::int64_t barriers_per_pair = kAtomicDQ && !defer_dq ? 2 : 1;
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
   const std::int64_t slices = bwd::kBr / bwd::kQSlice;
@@ -93,8 +96,8 @@ Cost backward_model(const Problem& p) {
     head.skipped_tiles += i_first;
     const std::int64_t blocks = Tr - i_first;
     const std::int64_t rows = p.Nq - i_first * bwd::kBr;
-    head.barriers += blocks;                  // one per pair
-    kv_head.barriers += kAtomicDQ ? 2 : 1;    // the last pair's dQ step; the tiles' reuse
+    head.barriers += barriers_per_pair * blocks;
+    kv_head.barriers += defer_dq ? 2 : 1;  // the last pair's dQ step; the tiles' reuse
     kv_head.hbm_read_bytes += 2 * C * d * e;  // Kj, Vj
     kv_head.sram_write_bytes += 2 * C * d * e;
     head.hbm_read_bytes += rows * (2 * d * e + 2 * kFloatBytes);

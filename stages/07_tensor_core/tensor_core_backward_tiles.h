@@ -110,11 +110,20 @@ inline constexpr int kDQBc = 64;
 /// about a kilobyte, so there they are read from shared memory as before.
 constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 128; }
 
+/// The atomic (dK, dV) kernel's dS tiles. Two (from d = 128): a Q block's dQ
+/// step runs in the next block's pass, behind its one barrier, reading one
+/// tile while the products write the other. One (d = 64): the dQ step
+/// follows the products behind a second barrier of its own. On the H200
+/// two tiles were faster at d = 128 and slower at d = 64
+/// (docs/results/tuning_07/README.md, round 6); d = 256 takes two, where
+/// the deferred dQ step also left ptxas no spill (one tile: 12 bytes).
+constexpr int ds_tiles(int head_dim_bucket) { return head_dim_bucket >= 128 ? 2 : 1; }
+
 /// Dynamic shared memory one block may opt into on sm_90 (227 KiB). The
-/// atomic (dK, dV) kernel double-buffers its dS tile within it: at d = 64
-/// its 65 KiB a block still let three blocks share an SM's 228 KiB (three
-/// is what its 168 registers a thread allow), at d = 128 161 KiB for the
-/// one block its registers allow, and at d = 256 209 KiB.
+/// atomic (dK, dV) kernel's tiles fit within it: at d = 64 its 57 KiB a
+/// block let three blocks share an SM's 228 KiB (three is what its 168
+/// registers a thread allow), at d = 128 161 KiB (two dS tiles) for the one
+/// block its registers allow, and at d = 256 209 KiB.
 inline constexpr int kMaxSmemBytesPerBlock = 227 * 1024;
 
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
