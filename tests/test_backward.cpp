@@ -340,6 +340,90 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
 }
 
+TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
+  // From d = 128 the atomic variant's dS tile is double-buffered: a pair's
+  // dQ step runs behind the next pair's barrier, the last pair's behind one
+  // of its own, then one before the tiles are reused (n + 2 a thread block
+  // of n pairs). At d = 64, one tile: two a pair, then one (2 n + 1). The
+  // deterministic (dK, dV) kernel has no dQ step (n + 1), its dQ kernel one
+  // per K/V block and one at its end.
+  const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
+  const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
+  namespace bwd = flashstep::tensor_core::bwd;
+  CHECK(bwd::ds_tiles(64) == 1);
+  CHECK(bwd::ds_tiles(128) == 2);
+  CHECK(bwd::ds_tiles(256) == 2);
+  // N = 256, d = 64: 4 K/V blocks of 64 keys, 4 Q blocks of 64 rows.
+  Problem p = make_problem(1, 1, 256, 256, 64, false);
+  p.dtype = flashstep::DType::kBf16;
+  CHECK(atomic->backward_model(p).barriers == 4 * (2 * 4 + 1));
+  CHECK(deterministic->backward_model(p).barriers == 4 * (4 + 1) + 4 * (4 + 1));
+  // Causal: K/V block j sees 4 - j Q blocks (10 pairs), Q block i sees i + 1
+  // K/V blocks.
+  p.causal = true;
+  CHECK(atomic->backward_model(p).barriers == 2 * 10 + 4);
+  CHECK(deterministic->backward_model(p).barriers == (10 + 4) + (10 + 4));
+  // Nk = 320, causal (bottom-right: row r sees keys up to r + 64): 5 K/V
+  // blocks, seen by 4, 4, 3, 2 and 1 Q blocks.
+  p.Nk = 320;
+  CHECK(atomic->backward_model(p).barriers == 2 * 14 + 5);
+  // Grouped, 4 query heads on one K/V head: 16 pairs a thread block, one
+  // block per K/V block.
+  p = make_problem(1, 4, 256, 256, 64, false);
+  p.H_kv = 1;
+  p.dtype = flashstep::DType::kBf16;
+  CHECK(atomic->backward_model(p).barriers == 4 * (2 * 16 + 1));
+  // d = 128, two dS tiles: 2 K/V blocks of 128 keys.
+  p = make_problem(1, 1, 256, 256, 128, false);
+  p.dtype = flashstep::DType::kBf16;
+  CHECK(atomic->backward_model(p).barriers == 2 * (4 + 2));
+}
+
+TEST_CASE("stage 07's atomic dQ step finds the pair before it in the accumulator") {
+  // dkdv_kernel adds a (query head, Q block) pair's dQ one pass later, at the
+  // rows previous_dq_row derives from the pair that pass runs (and, after
+  // the loop, from the pair one past the last). Walk the kernel's order (Q
+  // blocks from q_first to a head's last, then the next head's q_first) over
+  // ragged Nq, causal starts and groups, and check every pair's rows come
+  // back exactly once, in order.
+  namespace bwd = flashstep::tensor_core::bwd;
+  for (int Nq : {1, 63, 64, 65, 200, 256}) {
+    for (int q_first = 0; q_first < Nq; q_first += bwd::kBr) {
+      for (int G : {1, 3}) {
+        CAPTURE(Nq);
+        CAPTURE(q_first);
+        CAPTURE(G);
+        const std::int64_t kv = 2;  // any K/V head: its group is kv G ..
+        std::int64_t bh = kv * G;
+        int q0 = q_first;
+        int left = G * ((Nq - q_first - 1) / bwd::kBr + 1);
+        std::vector<std::int64_t> rows;  // each pair's first row, in order
+        for (; left > 0; --left) {
+          if (!rows.empty()) CHECK(bwd::previous_dq_row(bh, q0, q_first, Nq) == rows.back());
+          rows.push_back(bh * bwd::dq_accum_rows(Nq) + q0);
+          if (q0 >= Nq - bwd::kBr) {
+            q0 = q_first;
+            ++bh;
+          } else {
+            q0 += bwd::kBr;
+          }
+        }
+        CHECK(bwd::previous_dq_row(bh, q0, q_first, Nq) == rows.back());
+        CHECK(bh == kv * G + G);
+        // Every row of the group's visited Q blocks, once: the accumulator's
+        // rows of head m from q_first on.
+        std::vector<std::int64_t> want;
+        for (std::int64_t m = kv * G; m < kv * G + G; ++m) {
+          for (int q = q_first; q < Nq; q += bwd::kBr) {
+            want.push_back(m * bwd::dq_accum_rows(Nq) + q);
+          }
+        }
+        CHECK(rows == want);
+      }
+    }
+  }
+}
+
 TEST_CASE("stage 07's dQ kernel reads its warps' Qi, dOi rows once at d <= 128, per K/V block at d = 256") {
   // One Q block (Nq = 64), non-causal, bf16, against Nk = 128 and 256 keys:
   // the (dK, dV) kernel's K/V blocks are alike, so its part of the model

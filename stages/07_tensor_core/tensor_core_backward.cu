@@ -92,7 +92,8 @@ void launch_bucket(const Problem& p, const BackwardTensors& t, Stream stream) {
   const unsigned heads_y = static_cast<unsigned>(std::min(p.heads(), bwd::kMaxGridY));
   const std::int64_t Tc = (p.Nk - 1) / C::kBc + 1;
   launch_with_smem(bwd::dkdv_kernel<Elem, C, kAtomicDQ>,
-                   dim3(static_cast<unsigned>(Tc), kv_heads_y), C::kThreads, C::kSmemBytes,
+                   dim3(static_cast<unsigned>(Tc), kv_heads_y), C::kThreads,
+                   C::smem_bytes(kAtomicDQ),
                    stream, "stage 07 backward: dK, dV kernel", prm);
   if constexpr (kAtomicDQ) {
     const auto blocks = static_cast<unsigned>(

@@ -53,11 +53,15 @@
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
-// the dS tile. A warp computes S^T and dP^T for kQSlice = 32 queries of the
-// Q block at a time, which keeps their accumulators beside dK_j's and dV_j's
-// within the registers (tensor_core_backward_tiles.h). All tiles but L and D
-// in the forward's swizzled layout (tensor_core.cuh), whose fragment loaders
-// this file reuses.
+// from d = 128 the dS tile double-buffered too (atomic variant), so that
+// block i's dQ step runs after block i + 1's one barrier, beside its
+// products: one block barrier per Q block (dkdv_block proves the order
+// race-free); at d = 64 one dS tile and a second barrier (ds_tiles). A warp
+// computes S^T and dP^T for kQSlice = 32 queries of the Q block at a time,
+// which keeps their accumulators beside dK_j's and dV_j's within the
+// registers (tensor_core_backward_tiles.h). All tiles but L and D in the
+// forward's swizzled layout (tensor_core.cuh), whose fragment loaders this
+// file reuses.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -118,14 +122,21 @@ struct BackwardConfig {
   static constexpr int kChunkTiles = kDQChunk / kMmaN;  // n8 tiles of a dQ chunk
   static constexpr int kDQCols = kHeadDim * kDQRowGroups / kWarps;  // dQ columns per warp
 
-  // Shared memory, in elements: Kj, Vj; two buffers of Qi and dOi; dS; then
-  // two buffers of L and D (fp32, counted in elements of 2 bytes).
+  // Shared memory: Kj, Vj; two buffers of Qi and dOi; two buffers of L and
+  // D (fp32); then, in the atomic variant only, kDSTiles dS tiles
+  // (ds_tiles says why one or two). The deterministic variant has no dQ step
+  // and no dS tile.
+  static constexpr int kDSTiles = ds_tiles(kHeadDim);
   static constexpr int kKVElems = kBc * kHeadDim;
   static constexpr int kQElems = kBr * kHeadDim;
   static constexpr int kDSElems = kBr * kBc;
   static constexpr int kRowFloats = 2 * 2 * kBr;  // L and D, two buffers each
-  static constexpr int kSmemBytes =
-      (2 * kKVElems + 4 * kQElems + kDSElems) * 2 + kRowFloats * 4;
+  static constexpr int smem_bytes(bool atomic_dq) {
+    return (2 * kKVElems + 4 * kQElems + (atomic_dq ? kDSTiles * kDSElems : 0)) * 2 +
+           kRowFloats * 4;
+  }
+  static_assert(smem_bytes(true) <= kMaxSmemBytesPerBlock,
+                "the dS tiles fit beside the other tiles in every bucket");
 
   static_assert(kBr == kDQRowGroups * kMmaM && kWarps % kDQRowGroups == 0,
                 "in the dQ step each row group's warps take 16 query rows");
@@ -368,6 +379,65 @@ __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t 
   }
 }
 
+/// Line 15 of one Q block, the atomic variant's dQ step: dQ_i += dS_ij Kj,
+/// from dS (a [Bc][Br] tile of dS_ij^T, keys as rows, as the products wrote
+/// it) and Kj, added by atomics to the fp32 accumulator's rows dq_row .. of
+/// [heads * dq_accum_rows(Nq)] (the Q block's first row there). Reads
+/// shared memory only; the caller keeps the tile's writers out (dkdv_block).
+template <typename Elem, typename C>
+__device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, const Elem* Kj,
+                               std::int64_t dq_row) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  // Warp w takes query rows 16 (w % 4) .. of dQ_i and C::kDQCols of its
+  // columns from (w / 4) C::kDQCols on, summing over all Bc keys.
+  const int q_row0 = warp % kDQRowGroups * kMmaM;
+  const int dq_col0 = warp / kDQRowGroups * C::kDQCols;
+  // The lane's offsets into Kj from column dq_col0 on. dq_col0 is a runtime
+  // value, 32 at d = 64; passed as a column to a lane table made at column 0,
+  // it would index the table at run time, and the table would go to local
+  // memory (below). Folded into the table's point, the columns left are
+  // compile-time constants.
+  const LanePoint vp = v_point(lane);
+  const LaneOffsets<C::kHeadDim> at_kq(LanePoint{vp.row, vp.col + dq_col0});
+  const int at_ds = dst_lane_offset(q_row0);
+  // The lane's element (row g, column 2t) of its warp's part of dQ_i.
+  float* dQw = p.dQ_accum + ((dq_row + q_row0 + g) * C::kHeadDim + dq_col0 + 2 * t);
+  // The chunk loop is unrolled so that every column offset into Kj is a
+  // compile-time constant: with a runtime chunk, the lane's swizzle table
+  // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
+  // two local loads per fragment (ncu: 33 M local sectors at d = 64).
+#pragma unroll
+  for (int c = 0; c < C::kDQCols / kDQChunk; ++c) {
+    const int chunk = c * kDQChunk;  // from dq_col0
+    if (dq_col0 + chunk >= p.d) break;
+    float acc[C::kChunkTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < C::kChunkTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < C::kKeySteps; ++kk) {
+      std::uint32_t a[4];
+      load_a_transposed<Elem>(a, dS, at_ds, kk * kMmaK);
+#pragma unroll
+      for (int np = 0; np < C::kChunkTiles / 2; ++np) {
+        std::uint32_t b[4];
+        load_b_v<Elem, C::kHeadDim, true>(b, Kj, at_kq, kk * kMmaK, chunk + np * 2 * kMmaN);
+        const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+        sm80::mma_m16n8k16<Elem>(acc[2 * np], a, b_lo);
+        sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a, b_hi);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < C::kChunkTiles; ++nt) {
+      add_to_dq<C::kHeadDim>(dQw + chunk + nt * kMmaN, acc[nt]);
+    }
+  }
+}
+
 template <typename Elem, typename C, bool kAtomicDQ>
 __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv, int j,
                                   unsigned char* smem) {
@@ -376,9 +446,13 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   Elem* Vj = Kj + C::kKVElems;               // [Bc][kHeadDim]
   Elem* Qbuf = Vj + C::kKVElems;             // 2 x [Br][kHeadDim]
   Elem* dObuf = Qbuf + 2 * C::kQElems;       // 2 x [Br][kHeadDim]
-  Elem* dS = dObuf + 2 * C::kQElems;         // [Bc][Br]: dS_ij^T, keys as rows
-  float* Lbuf = reinterpret_cast<float*>(dS + C::kDSElems);  // 2 x [Br]
-  float* Dbuf = Lbuf + 2 * kBr;                               // 2 x [Br]
+  float* Lbuf = reinterpret_cast<float*>(dObuf + 2 * C::kQElems);  // 2 x [Br]
+  float* Dbuf = Lbuf + 2 * kBr;                                     // 2 x [Br]
+  // kDSTiles x [Bc][Br]: dS_ij^T, keys as rows (atomic variant only)
+  Elem* dSbuf = reinterpret_cast<Elem*>(Dbuf + 2 * kBr);
+  // Whether a pair's dQ step waits for the next pair's pass (two dS tiles)
+  // or follows its products behind a barrier of its own (one).
+  constexpr bool kDeferDQ = kAtomicDQ && C::kDSTiles == 2;
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -432,22 +506,56 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   int q0 = q_first;            // its Q block's first row
   // Pairs left, this one included: an int (backward() refuses more).
   int left = p.G * ((p.Nq - q_first - 1) / kBr + 1);
+  // Whether a pair has passed, whose dQ step is then due (kDeferDQ). A
+  // flag: comparing `left` with a count of all pairs took a register more,
+  // and ptxas -v (sm_90) showed 8 bytes spilled at d = 128; comparing
+  // (bh, q0) with the group's first pair spilled at d = 128 and 256.
+  [[maybe_unused]] bool after_first = false;
   // The buffers alternate with the parity of `left`, the first pair's too.
   const int first = left % 2;
   load_q_block<Elem, C>(p, bh * p.Nq, q0, Qbuf + first * C::kQElems, dObuf + first * C::kQElems,
                         Lbuf + first * kBr, Dbuf + first * kBr);
   sm80::cp_async_commit();
 
+  // One block barrier per pair with two dS tiles (kDeferDQ). The atomic
+  // variant's dQ step of a pair then runs in the next pair's pass, from the
+  // other dS tile, so that the barrier that hands that pass its Q block also
+  // hands it the finished dS tile. With one tile (d = 64, and the
+  // deterministic variant, which has no dQ step) a pair's dQ step follows
+  // its products behind a second barrier (the whole tile written before any
+  // warp reads it), and barrier k + 1 keeps the next products from
+  // rewriting the tile before every warp has read it. The pass of pair k,
+  // with two tiles, b = left % 2 and b' = 1 - b:
+  //   after barrier k:  copies into Qi, dOi, L, D [b'] start (pair k + 1);
+  //                     the dQ step of pair k - 1 reads dS [b'] and Kj;
+  //                     the products of pair k read Qi, dOi, L, D [b], Kj,
+  //                     Vj and write dS [b].
+  // Each tile changes hands across one barrier:
+  // - Qi, dOi, L, D [b]: their copies, started in pass k - 1, are waited for
+  //   by each thread before barrier k (a ragged block's L and D are plain
+  //   stores of pass k - 1), which makes them every warp's; they
+  //   are refilled (pair k + 2) only after barrier k + 1, which every warp
+  //   reaches after its products of pair k, their readers.
+  // - Qi, dOi, L, D [b']: read by the products of pair k - 1, before barrier
+  //   k; the copies of pair k + 1 into them start after it.
+  // - dS [b]: written by the products of pair k, read by its dQ step after
+  //   barrier k + 1 (the last pair's: after the barrier below the loop), so
+  //   the whole tile is in; rewritten by the products of pair k + 2 after
+  //   barrier k + 2, which every warp reaches after pair k's dQ step.
+  // - dS [b'] is read in pass k while dS [b] is written: different tiles, so
+  //   within a pass a warp may take the dQ step and the products in either
+  //   order, and warps need not agree.
+  // - Kj, Vj: copied before the loop (committed with pair 0's copies, waited
+  //   for before barrier 0) and only read in it.
   for (; left > 0; --left) {
     const int buf = left % 2;
     const Elem* Qi = Qbuf + buf * C::kQElems;
     const Elem* dOi = dObuf + buf * C::kQElems;
     const float* Ls = Lbuf + buf * kBr;
     const float* Ds = Dbuf + buf * kBr;
+    Elem* dS = dSbuf + (kDeferDQ ? buf : 0) * C::kDSElems;  // [Bc][Br]: this pair's dS_ij^T
     sm80::cp_async_wait<0>();
-    // This pair's block arrived for every warp; every warp is done with the
-    // previous pair's buffers and with the dS tile.
-    __syncthreads();
+    __syncthreads();  // barrier k (above)
     if (left > 1) {  // line 9 for the next pair, under this one's products
       const int next = 1 - buf;
       // The next pair: the next Q block, or after the head's last the next head's first.
@@ -457,6 +565,17 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
                             Lbuf + next * kBr, Dbuf + next * kBr);
     }
     sm80::cp_async_commit();
+    // The previous pair's dQ step first: its reductions, fire-and-forget,
+    // then drain while this pair's products run. (Either order is race-free,
+    // above; with the dQ step after the products ptxas spilled at d = 64 and
+    // 256.)
+    if constexpr (kDeferDQ) {
+      if (after_first) {
+        dq_step<Elem, C>(p, dSbuf + (1 - buf) * C::kDSElems, Kj,
+                         previous_dq_row(bh, q0, q_first, p.Nq));
+      }
+      after_first = true;
+    }
 
     const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
     const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
@@ -515,56 +634,11 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       }
     }
 
-    if constexpr (kAtomicDQ) {
+    if constexpr (kAtomicDQ && !kDeferDQ) {
       __syncthreads();  // the whole dS tile is in
-      // Warp w takes query rows 16 (w % 4) .. of dQ_i and C::kDQCols of its
-      // columns from (w / 4) C::kDQCols on, summing over all Bc keys.
-      const int q_row0 = warp % kDQRowGroups * kMmaM;
-      const int dq_col0 = warp / kDQRowGroups * C::kDQCols;
-      // The lane's offsets into Kj from column dq_col0 on. dq_col0 is a
-      // runtime value, 32 at d = 64; passed as a column to at_bv, it would
-      // index the lane's table at run time, and the table would go to local
-      // memory (below). Folded into the table's point, the columns left are
-      // compile-time constants.
-      const LanePoint vp = v_point(lane);
-      const LaneOffsets<C::kHeadDim> at_kq(LanePoint{vp.row, vp.col + dq_col0});
-      const int at_ds = dst_lane_offset(q_row0);
-      // The lane's element (row g, column 2t) of its warp's part of dQ_i.
-      float* dQw = p.dQ_accum +
-                   ((bh * dq_accum_rows(p.Nq) + q0 + q_row0 + g) * C::kHeadDim + dq_col0 + 2 * t);
-      // The chunk loop is unrolled so that every column offset into Kj is a
-      // compile-time constant: with a runtime chunk, the lane's swizzle table
-      // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
-      // two local loads per fragment (ncu: 33 M local sectors at d = 64).
-#pragma unroll
-      for (int c = 0; c < C::kDQCols / kDQChunk; ++c) {
-        const int chunk = c * kDQChunk;  // from dq_col0
-        if (dq_col0 + chunk >= p.d) break;
-        float acc[C::kChunkTiles][4];
-#pragma unroll
-        for (int nt = 0; nt < C::kChunkTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-        }
-#pragma unroll
-        for (int kk = 0; kk < C::kKeySteps; ++kk) {
-          std::uint32_t a[4];
-          load_a_transposed<Elem>(a, dS, at_ds, kk * kMmaK);
-#pragma unroll
-          for (int np = 0; np < C::kChunkTiles / 2; ++np) {
-            std::uint32_t b[4];
-            load_b_v<Elem, C::kHeadDim, true>(b, Kj, at_kq, kk * kMmaK, chunk + np * 2 * kMmaN);
-            const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-            sm80::mma_m16n8k16<Elem>(acc[2 * np], a, b_lo);
-            sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a, b_hi);
-          }
-        }
-#pragma unroll
-        for (int nt = 0; nt < C::kChunkTiles; ++nt) {
-          add_to_dq<C::kHeadDim>(dQw + chunk + nt * kMmaN, acc[nt]);
-        }
-      }
+      dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
     }
+
     if (q0 >= p.Nq - kBr) {  // the next pair, as prefetched above
       q0 = q_first;
       ++bh;
@@ -573,9 +647,14 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     }
   }
   // Lines 18-19: dK_j = scale dS^T Q summed (over the group's heads too),
-  // dV_j as summed.
+  // dV_j as summed. Before the last pair's dQ step (two dS tiles): a warp
+  // done with its products stores them while the others finish theirs.
   store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, p.scale);
   store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 1.0f);
+  if constexpr (kDeferDQ) {
+    __syncthreads();  // the last pair's dS tile is in: dS [1], as it had left = 1
+    dq_step<Elem, C>(p, dSbuf + C::kDSElems, Kj, previous_dq_row(bh, q0, q_first, p.Nq));
+  }
   sm80::cp_async_wait<0>();
   __syncthreads();  // the next head's copies may overwrite the tiles
 }

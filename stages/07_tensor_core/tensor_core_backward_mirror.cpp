@@ -6,7 +6,10 @@
 // tensor_core_backward_tiles.h) and their numerics in p.dtype, so
 // that the low-precision rule (common/check.h) can be checked on the CPU
 // against what the GPU will compute. Sums run in a fixed order here; the
-// tensor cores' order differs only by fp32 rounding.
+// tensor cores' order differs only by fp32 rounding (and the atomic
+// kernel, from d = 128, adds a Q block's dQ one pass of its loop later,
+// from a second dS tile: the same terms, in whatever order the atomics
+// land).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

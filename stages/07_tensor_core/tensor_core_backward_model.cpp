@@ -40,6 +40,14 @@
 //   deterministic dQ kernel repeats them.
 // - Conversion pass (atomic variant): 4 d read, d elements written per row,
 //   one multiply per element.
+// - Block barriers, summed over thread blocks: a (dK, dV) block meets once
+//   per visited (query head, Q block) pair and once before its tiles are
+//   reused; in the atomic variant with two dS tiles (bwd::ds_tiles) once
+//   more after the pairs, for the last pair's dQ step (each pair's dQ step
+//   runs behind the next pair's barrier), with one tile once more per pair
+//   (between its products and its dQ step); not at all when no row sees
+//   its K/V block. A dQ kernel block meets once per K/V block and once at
+//   its end.
 #include <algorithm>
 
 #include "tensor_core.h"
@@ -66,6 +74,8 @@ Cost backward_model(const Problem& p) {
   const std::int64_t groups = bwd::key_groups(bucket);
   const std::int64_t Bc = bwd::block_keys(bucket);
   const std::int64_t dq_col_parts = warps / bwd::kDQRowGroups;
+  const bool defer_dq = kAtomicDQ && bwd::ds_tiles(bucket) == 2;
+  const std::int64_t barriers_per_pair = kAtomicDQ && !defer_dq ? 2 : 1;
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
   const std::int64_t slices = bwd::kBr / bwd::kQSlice;
@@ -86,6 +96,8 @@ Cost backward_model(const Problem& p) {
     head.skipped_tiles += i_first;
     const std::int64_t blocks = Tr - i_first;
     const std::int64_t rows = p.Nq - i_first * bwd::kBr;
+    head.barriers += barriers_per_pair * blocks;
+    kv_head.barriers += defer_dq ? 2 : 1;  // the last pair's dQ step; the tiles' reuse
     kv_head.hbm_read_bytes += 2 * C * d * e;  // Kj, Vj
     kv_head.sram_write_bytes += 2 * C * d * e;
     head.hbm_read_bytes += rows * (2 * d * e + 2 * kFloatBytes);
@@ -116,6 +128,7 @@ Cost backward_model(const Problem& p) {
       head.sram_read_bytes += row_reads * 2 * R * d * e + bwd::kDQWarps * 3 * C * d * e;
       head.matmul_flops += 6 * R * C * d;
       head.nonmatmul_flops += kFlopsPerScore * R * C;
+      head.barriers += n + 1;
     }
   }
   // Pre-pass: O, dO and L read; D and L log2 e written; D's d multiply-adds.

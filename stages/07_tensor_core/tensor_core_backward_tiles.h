@@ -77,6 +77,21 @@ FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_rows(std::int64_t Nq) {
   return (Nq + kBr - 1) / kBr * kBr;
 }
 
+/// The accumulator's first row (of [heads * dq_accum_rows(Nq)]) of the
+/// (query head, Q block) pair before (bh, q0) in the (dK, dV) kernel's
+/// order, whose Q blocks run from q_first (a multiple of kBr) to a head's
+/// last, then on to the next head's q_first: the same head's previous Q
+/// block, or, at a head's first, the previous head's last, whose first row
+/// is bh R - kBr (R = dq_accum_rows(Nq), a head's rows). The atomic
+/// variant adds a pair's dQ one pass later (tensor_core_backward.cuh) and
+/// finds its rows by this, rather than keep a 64-bit row live across the
+/// products (two registers). After the last pair (bh one past the group's
+/// last head, q0 = q_first) it gives the last pair's.
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t previous_dq_row(std::int64_t bh, int q0, int q_first,
+                                                             int Nq) {
+  return bh * dq_accum_rows(Nq) + (q0 == q_first ? 0 : q0) - kBr;
+}
+
 /// The deterministic variant's dQ kernel: one block per (Q block, head), 4
 /// warps of 16 query rows (kBr = 64), streaming K/V blocks of kDQBc keys; its
 /// dQ accumulators take d / 2 registers per thread.
@@ -94,6 +109,22 @@ inline constexpr int kDQBc = 64;
 /// memory already allowed); at d = 256, 128 more registers, ptxas spilled
 /// about a kilobyte, so there they are read from shared memory as before.
 constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 128; }
+
+/// The atomic (dK, dV) kernel's dS tiles. Two (from d = 128): a Q block's dQ
+/// step runs in the next block's pass, behind its one barrier, reading one
+/// tile while the products write the other. One (d = 64): the dQ step
+/// follows the products behind a second barrier of its own. On the H200
+/// two tiles were faster at d = 128 and slower at d = 64
+/// (docs/results/tuning_07/README.md, round 6); d = 256 takes two, where
+/// the deferred dQ step also left ptxas no spill (one tile: 12 bytes).
+constexpr int ds_tiles(int head_dim_bucket) { return head_dim_bucket >= 128 ? 2 : 1; }
+
+/// Dynamic shared memory one block may opt into on sm_90 (227 KiB). The
+/// atomic (dK, dV) kernel's tiles fit within it: at d = 64 its 57 KiB a
+/// block let three blocks share an SM's 228 KiB (three is what its 168
+/// registers a thread allow), at d = 128 161 KiB (two dS tiles) for the one
+/// block its registers allow, and at d = 256 209 KiB.
+inline constexpr int kMaxSmemBytesPerBlock = 227 * 1024;
 
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
 /// block of several heads.

@@ -225,7 +225,8 @@ Report model_report(const Problem& base, const std::vector<const Stage*>& stages
                              bytes(c.sram_read_bytes), bytes(c.sram_write_bytes),
                              flops(c.matmul_flops), flops(c.nonmatmul_flops),
                              integer(c.thread_blocks), integer(c.skipped_tiles),
-                             // Only stage 06 models its barriers; 0 means "not modelled".
+                             // Stage 06 and stage 07's backward model their barriers;
+                             // 0 means "not modelled".
                              c.barriers > 0 ? integer(c.barriers) : number(std::nan("")),
                              // What a run allocates: inputs, outputs, workspaces (and gradients).
                              bytes(device_bytes_needed(*s, p, backward))};
