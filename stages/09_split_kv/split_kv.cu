@@ -22,13 +22,21 @@
 // are rows of the same block, so a K/V tile loaded into shared memory serves
 // all of them (K/V read once per group, not once per query head).
 //
-// The fp32 kernel's thread layout (256 threads, 8 warps), per K/V tile of 32 keys:
-//   scores and softmax   warp w owns rows w, w + 8, w + 16, w + 24; lane j
-//                        computes the score of key j: the row max and sum are
-//                        one warp shuffle reduction each, m and l live in the
-//                        warp's registers
-//   O~ += P~ V           thread t owns O~ elements t + 256 k (row e / D,
-//                        column e % D): consecutive lanes, consecutive columns
+// The fp32 kernel's thread layout (256 threads, 8 warps), per K/V tile of 32
+// keys: register tiles, as in an SGEMM, so that each value a lane loads from
+// shared memory feeds several FFMAs (Fp32Tiles):
+//   rows                 warp w owns 4 of the 32 rows: wide (fp32_wide: more
+//                        than 8 rows in the group) rows 4 w .. 4 w + 3 as one
+//                        register tile; narrow rows w, w + 8, w + 16, w + 24,
+//                        one at a time, so that up to 8 rows each has a warp
+//   S = Q K^T            lane l: the tile's rows x keys l % 16 and l % 16 + 16
+//                        over half l / 16 of the columns; one shuffle adds the
+//                        halves and leaves lane l with key l's score
+//   softmax              row max and sum by warp shuffles; m, l and alpha in
+//                        the owning warp's registers
+//   O~ += P~ V           lane: the tile's rows x 4 columns per column quad it
+//                        owns (d = 64: 16 lanes a row, the other 16 the
+//                        tile's second 16 keys), P~ read key-major from Pt
 // The next K/V tile arrives by cp.async while this one is computed (two
 // buffers up to d = 128, one at d = 256: stages_for).
 //

@@ -173,7 +173,8 @@ constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 /// fewer of what the registers (ptxas -v) and the shared memory allow.
 ///
 ///   fp32 (split_kernel, 256 threads)   d = 64, 128: 128 registers, 2 blocks
-///                                      d = 256: 214 registers, 1 block
+///                                      d = 256: 190 (wide), 165 (narrow)
+///                                      registers, 1 block
 ///   16 bits (split_mma_kernel, 128)    d = 64: 168 registers, 69 KiB: 3
 ///                                      d = 128: 250 registers, 105 KiB: 2
 ///                                      d = 256: 255 registers, 113 KiB: 2
