@@ -118,6 +118,10 @@ struct Smem {
   static constexpr std::size_t kBytes = kP + sizeof(float) * kBc * kPStrideMax;
 };
 
+// Floats of a float4: one 16-byte shared-memory access (LDS.128, STS.128),
+// the widest a thread makes.
+constexpr int kVec4 = 4;
+
 // The fp32 kernel's thread layout for register tiles of kTileRows rows:
 // kFp32TileRows in the wide layout, 1 in the narrow one (fp32_wide in
 // split_kv_plan.h says which a group takes, and why).
@@ -142,7 +146,7 @@ struct Fp32Tiles {
   // (16 quads) 16 lanes hold the row, and the warp's other 16 lanes take the
   // tile's second half of the keys (kKeyGroups = 2), their sums added at the
   // end of the split.
-  static constexpr int kQuads = kD / 4;
+  static constexpr int kQuads = kD / kVec4;
   static constexpr int kKeyGroups = kQuads < kWarpSize ? kWarpSize / kQuads : 1;
   static constexpr int kGroupLanes = kWarpSize / kKeyGroups;
   static constexpr int kGroupKeys = kBc / kKeyGroups;
@@ -166,14 +170,14 @@ constexpr int min_blocks_per_sm(int kD) { return kD <= 128 ? 2 : 1; }
 // accesses where kN is a multiple of 4 (the address is then 16-byte aligned).
 template <int kN>
 __device__ __forceinline__ void load_floats(const float* src, float (&v)[kN]) {
-  if constexpr (kN % 4 == 0) {
+  if constexpr (kN % kVec4 == 0) {
 #pragma unroll
-    for (int q = 0; q < kN / 4; ++q) {
+    for (int q = 0; q < kN / kVec4; ++q) {
       const float4 x = reinterpret_cast<const float4*>(src)[q];
-      v[4 * q] = x.x;
-      v[4 * q + 1] = x.y;
-      v[4 * q + 2] = x.z;
-      v[4 * q + 3] = x.w;
+      v[kVec4 * q] = x.x;
+      v[kVec4 * q + 1] = x.y;
+      v[kVec4 * q + 2] = x.z;
+      v[kVec4 * q + 3] = x.w;
     }
   } else {
 #pragma unroll
@@ -183,10 +187,11 @@ __device__ __forceinline__ void load_floats(const float* src, float (&v)[kN]) {
 
 template <int kN>
 __device__ __forceinline__ void store_floats(float* dst, const float (&v)[kN]) {
-  if constexpr (kN % 4 == 0) {
+  if constexpr (kN % kVec4 == 0) {
 #pragma unroll
-    for (int q = 0; q < kN / 4; ++q) {
-      reinterpret_cast<float4*>(dst)[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    for (int q = 0; q < kN / kVec4; ++q) {
+      reinterpret_cast<float4*>(dst)[q] =
+          make_float4(v[kVec4 * q], v[kVec4 * q + 1], v[kVec4 * q + 2], v[kVec4 * q + 3]);
     }
   } else {
 #pragma unroll
@@ -379,14 +384,18 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
           if (row0 >= rows) continue;  // warp-uniform: padding rows only
           // S = Q K^T on the register tile: the tile's rows against keys
           // lane % 16 and lane % 16 + 16, over this lane's half of the columns.
-          const float* Qh = Qs + row0 * kD + half * T::kHalfCols;  // [kTileRows][kD], from column half kD / 2
-          const Elem* Kh = Kb + (lane % T::kHalfKeys) * S::kKStride + half * T::kHalfCols;  // [kHalves][kHalfKeys kKStride]
+          // Qh: the tile's rows, [kTileRows][kD]; Kh: the two keys,
+          // [kHalves][kHalfKeys][kKStride]; both from the half's first column.
+          const float* Qh = Qs + row0 * kD + half * T::kHalfCols;
+          const Elem* Kh = Kb + (lane % T::kHalfKeys) * S::kKStride + half * T::kHalfCols;
           float dot[kTileRows][T::kHalves] = {};
 #pragma unroll 4
-          for (int c = 0; c < T::kHalfCols; c += 4) {
+          for (int c = 0; c < T::kHalfCols; c += kVec4) {
             float4 k4[T::kHalves];
 #pragma unroll
-            for (int h = 0; h < T::kHalves; ++h) k4[h] = load_vec4(Kh + h * T::kHalfKeys * S::kKStride + c);
+            for (int h = 0; h < T::kHalves; ++h) {
+              k4[h] = load_vec4(Kh + h * T::kHalfKeys * S::kKStride + c);
+            }
 #pragma unroll
             for (int i = 0; i < kTileRows; ++i) {
               const float4 q4 = *reinterpret_cast<const float4*>(Qh + i * kD + c);
@@ -428,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
             load_floats(Pt + j * T::kPStride + row0, p_j);
 #pragma unroll
             for (int q = 0; q < kLaneQuads; ++q) {
-              const float4 v4 = load_vec4(Vb + j * kD + 4 * (quad + q * T::kGroupLanes));
+              const float4 v4 = load_vec4(Vb + j * kD + kVec4 * (quad + q * T::kGroupLanes));
 #pragma unroll
               for (int i = 0; i < kTileRows; ++i) axpy4(acc[k][i][q], p_j[i], v4);
             }
@@ -471,10 +480,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
           if (key_group == 0) {
 #pragma unroll
             for (int q = 0; q < kLaneQuads; ++q) {
-              const int c0 = 4 * (quad + q * T::kGroupLanes);
-              const float o4[4] = {acc[k][i][q].x, acc[k][i][q].y, acc[k][i][q].z, acc[k][i][q].w};
+              const int c0 = kVec4 * (quad + q * T::kGroupLanes);
+              const float o4[kVec4] = {acc[k][i][q].x, acc[k][i][q].y, acc[k][i][q].z, acc[k][i][q].w};
 #pragma unroll
-              for (int c = 0; c < 4; ++c) {
+              for (int c = 0; c < kVec4; ++c) {
                 if (c0 + c >= p.d) continue;
                 const float o = l == 0.0f ? 0.0f : o4[c] / l;
                 if (p.splits == 1) p.O[row * p.d + c0 + c] = from_float<Elem>(o);
