@@ -190,6 +190,35 @@ TEST_CASE("stage 09: long decodes (many splits, many K/V tiles a split) in every
   }
 }
 
+TEST_CASE("stage 09 in fp32: both register-tile layouts at every d bucket, either side of the rule") {
+  // fp32_wide (split_kv_plan.h): groups of up to 8 rows take the narrow
+  // layout (a row a warp), from 9 the wide one (4-row register tiles). 8 and
+  // 9 rows (G = 8, Nq = 1; G = 3, Nq = 3), a full 32-row tile and a ragged
+  // second one (G = 8, Nq = 5), at d = 64 (two key groups in P~ V), 128,
+  // 256 (two column quads a lane) and 40 (element-by-element copies), with
+  // ragged key counts (the last tile part padding), causal and not.
+  struct Decode {
+    std::int64_t H, H_kv, Nq, Nk, d;
+  };
+  const Decode shapes[] = {{8, 1, 1, 1000, 64}, {3, 1, 3, 1000, 64},  {8, 1, 1, 777, 128},
+                           {3, 1, 3, 777, 128}, {8, 1, 5, 2049, 128}, {8, 1, 1, 555, 256},
+                           {3, 1, 3, 555, 256}, {8, 1, 1, 333, 40},   {3, 1, 3, 333, 40}};
+  std::uint64_t seed = 6600;
+  for (const Stage* s : selected()) {
+    if (std::string_view(s->name).substr(0, 3) != "09_") continue;
+    for (const Decode& sh : shapes) {
+      for (bool causal : {false, true}) {
+        Problem p = flashstep::test::make_problem(2, sh.H, sh.Nq, sh.Nk, sh.d, causal);
+        p.H_kv = sh.H_kv;
+        p.dtype = DType::kFp32;
+        CAPTURE(s->name);
+        CAPTURE(p.describe());
+        check_stage_on(*s, p, seed++);
+      }
+    }
+  }
+}
+
 TEST_CASE("grouped-query heads: a stage without them is refused by the runner, in one line") {
   Problem p = flashstep::test::make_problem(1, 8, 4, 4, 16, false);
   p.H_kv = 2;

@@ -316,13 +316,13 @@ TEST_CASE("stage 09's model counts SRAM and other FLOPs as the mirror's loops do
   CHECK(several >= 8);
 
   // One query, one head, one 32-key tile, d = 4, fp32, by hand.
-  // SRAM writes: Q 4 + K and V 2 * 32 * 4 + P~ 32 + alpha 1 + m, l 2 = 295 floats.
-  // Reads: S 32 * 4 * 2, P~ V 32 * 4 * 2, alpha 4, l 4 and m, l 2 = 522 floats.
+  // SRAM writes: Q 4 + K and V 2 * 32 * 4 + P~ 32 = 292 floats (m, l and
+  // alpha stay in registers). Reads: S 32 * 4 * 2, P~ V 32 * 4 * 2 = 512 floats.
   // Non-matmul: 32 scales, 4 * 32 per key, 5 + 4 for the tile, 4 + 3 at the end = 176.
   const Problem tiny = flashstep::test::make_problem(1, 1, 1, 32, 4, false);
   const flashstep::Cost c = sk::model(tiny);
-  CHECK(c.sram_write_bytes == 295 * 4);
-  CHECK(c.sram_read_bytes == 522 * 4);
+  CHECK(c.sram_write_bytes == 292 * 4);
+  CHECK(c.sram_read_bytes == 512 * 4);
   CHECK(c.nonmatmul_flops == 176);
   CHECK(c.matmul_flops == 2 * 32 * 4 * 2);
 }
@@ -453,5 +453,31 @@ TEST_CASE("stage 09 in bf16 and fp16, narrow layout: groups of at most 16 rows a
         for (int sms : {1, sk::kModelSmCount}) check_full_cache(p, in, truth, sms);
       }
     }
+  }
+}
+
+TEST_CASE("stage 09 in fp32: the wide layout from 9 rows a group, each warp's rows one register tile") {
+  // fp32_wide: with at most kWarps rows every real row has its own warp
+  // (narrow); past that the wide layout's register tiles. The decode
+  // benchmark's points at H = 32: H_kv = 32 (G = 1) and H_kv = 8 (G = 4) at
+  // Nq = 1 narrow; G = 4 at Nq = 4 and MQA (G = 32) wide.
+  CHECK_FALSE(sk::fp32_wide(1));
+  CHECK_FALSE(sk::fp32_wide(4));
+  CHECK_FALSE(sk::fp32_wide(sk::kWarps));
+  CHECK(sk::fp32_wide(sk::kWarps + 1));
+  CHECK(sk::fp32_wide(16));
+  CHECK(sk::fp32_wide(32 * 4));
+  // The wide layout's warps hold the row tile in one pass each.
+  static_assert(sk::kFp32TileRows * sk::kWarps == sk::kRows);
+  struct Point {
+    std::int64_t H_kv, Nq;
+    bool wide;
+  };
+  for (const Point& pt : {Point{32, 1, false}, Point{32, 4, false}, Point{8, 1, false}, Point{8, 4, true},
+                          Point{1, 1, true}, Point{1, 4, true}}) {
+    Problem p = flashstep::test::make_problem(1, 32, pt.Nq, 32768, 128, false);
+    p.H_kv = pt.H_kv;
+    CAPTURE(p.describe());
+    CHECK(sk::fp32_wide(sk::make_plan(p, sk::kModelSmCount).group_rows) == pt.wide);
   }
 }

@@ -22,13 +22,21 @@
 // are rows of the same block, so a K/V tile loaded into shared memory serves
 // all of them (K/V read once per group, not once per query head).
 //
-// The fp32 kernel's thread layout (256 threads, 8 warps), per K/V tile of 32 keys:
-//   scores and softmax   warp w owns rows w, w + 8, w + 16, w + 24; lane j
-//                        computes the score of key j: the row max and sum are
-//                        one warp shuffle reduction each, m and l live in the
-//                        warp's registers
-//   O~ += P~ V           thread t owns O~ elements t + 256 k (row e / D,
-//                        column e % D): consecutive lanes, consecutive columns
+// The fp32 kernel's thread layout (256 threads, 8 warps), per K/V tile of 32
+// keys: register tiles, as in an SGEMM, so that each value a lane loads from
+// shared memory feeds several FFMAs (Fp32Tiles):
+//   rows                 warp w owns 4 of the 32 rows: wide (fp32_wide: more
+//                        than 8 rows in the group) rows 4 w .. 4 w + 3 as one
+//                        register tile; narrow rows w, w + 8, w + 16, w + 24,
+//                        one at a time, so that up to 8 rows each has a warp
+//   S = Q K^T            lane l: the tile's rows x keys l % 16 and l % 16 + 16
+//                        over half l / 16 of the columns; one shuffle adds the
+//                        halves and leaves lane l with key l's score
+//   softmax              row max and sum by warp shuffles; m, l and alpha in
+//                        the owning warp's registers
+//   O~ += P~ V           lane: the tile's rows x 4 columns per column quad it
+//                        owns (d = 64: 16 lanes a row, the other 16 the
+//                        tile's second 16 keys), P~ read key-major from Pt
 // The next K/V tile arrives by cp.async while this one is computed (two
 // buffers up to d = 128, one at d = 256: stages_for).
 //
@@ -85,36 +93,137 @@ struct Params {
 constexpr int stages_for(int kD) { return kD <= 128 ? 2 : 1; }
 
 // Shared memory of the split kernel for the head-dimension bucket kD (d is
-// zero-padded up to it): byte offsets, each a multiple of 16. Q, P~ and the
-// row statistics are fp32; the K and V tiles stay in Elem as they arrive by
-// cp.async, widened where they are read.
+// zero-padded up to it): byte offsets, each a multiple of 16. Q and P~ are
+// fp32; the K and V tiles stay in Elem as they arrive by cp.async, widened
+// where they are read. The row statistics (m, l, alpha) stay in the
+// registers of the warp that owns the rows (Fp32Tiles).
 template <int kD, typename Elem>
 struct Smem {
   static constexpr int kStages = stages_for(kD);
   static constexpr int kChunk = 16 / sizeof(Elem);  // elements of one 16-byte cp.async
-  // K rows padded by one chunk: in the score loop lane j reads K[j][c .. c+3]
-  // as one access, and the padding moves each lane's row to other banks (in
-  // fp32 the 8 lanes of each quarter-warp phase of a 16-byte access hit 8
-  // different bank groups; in 16 bits two lanes of a half-warp share one);
-  // rows stay 16-byte aligned for cp.async.
+  // K rows padded by one chunk: in the score loop the 8 lanes of each
+  // quarter-warp phase of a 16-byte access read 8 consecutive keys at the
+  // same column, and the padding moves each key's row to another bank group
+  // (in fp32 8 different ones; in 16 bits two lanes of a half-warp share
+  // one); rows stay 16-byte aligned for cp.async.
   static constexpr int kKStride = kD + kChunk;
+  // P~ transposed (key-major): a row tile's values of one key are
+  // consecutive, one load for a warp's rows in P~ V. Rows padded by
+  // kFp32TileRows floats, the most any layout pads them (Fp32Tiles::kPStride).
+  static constexpr int kPStrideMax = kRows + kFp32TileRows;
   static constexpr std::size_t kQ = 0;                                      // float Qs [kRows][kD]
   static constexpr std::size_t kK = kQ + sizeof(float) * kRows * kD;        // Elem Ks [kStages][kBc][kKStride]
   static constexpr std::size_t kV = kK + sizeof(Elem) * kStages * kBc * kKStride;  // Elem Vs [kStages][kBc][kD]
-  static constexpr std::size_t kP = kV + sizeof(Elem) * kStages * kBc * kD;  // float Ps [kRows][kBc]
-  static constexpr std::size_t kAlpha = kP + sizeof(float) * kRows * kBc;   // float [kRows]: this tile's rescale
-  static constexpr std::size_t kM = kAlpha + sizeof(float) * kRows;         // float [kRows], published at the end
-  static constexpr std::size_t kL = kM + sizeof(float) * kRows;             // float [kRows], published at the end
-  static constexpr std::size_t kBytes = kL + sizeof(float) * kRows;
+  static constexpr std::size_t kP = kV + sizeof(Elem) * kStages * kBc * kD;  // float Pt [kBc][kPStride]
+  static constexpr std::size_t kBytes = kP + sizeof(float) * kBc * kPStrideMax;
 };
 
-// Rows a warp owns in the softmax.
-constexpr int kRowsPerWarp = kRows / kWarps;
+// Floats of a float4: one 16-byte shared-memory access (LDS.128, STS.128),
+// the widest a thread makes.
+constexpr int kVec4 = 4;
+
+// The fp32 kernel's thread layout for register tiles of kTileRows rows:
+// kFp32TileRows in the wide layout, 1 in the narrow one (fp32_wide in
+// split_kv_plan.h says which a group takes, and why).
+template <int kD, int kTileRows>
+struct Fp32Tiles {
+  // Passes a warp makes over its kRows / kWarps rows, kTileRows at a time:
+  // pass k of warp w holds rows (k kWarps + w) kTileRows + 0 .. kTileRows - 1
+  // (wide: rows 4 w .. 4 w + 3 in one pass; narrow: rows w, w + 8, w + 16,
+  // w + 24 in four).
+  static constexpr int kPasses = kRows / (kWarps * kTileRows);
+  // S = Q K^T: every score's dot product in two halves of the columns. Lane
+  // l sums half l / 16 of keys l % 16 and l % 16 + 16 for the tile's rows,
+  // so each K value it loads feeds kTileRows rows and each Q value two keys;
+  // lanes l and l ^ 16 then add their halves (one shuffle a row), which
+  // leaves lane l with key l's score, as the softmax takes it.
+  static constexpr int kHalves = 2;
+  static constexpr int kHalfKeys = kBc / kHalves;  // lanes of one half
+  static constexpr int kHalfCols = kD / kHalves;
+  // O~ += P~ V: a lane holds kTileRows rows x 4 columns (one float4 of a V
+  // row) for each column quad it owns. The quads of a row are dealt to a
+  // key group's lanes: at d = 128 one a lane; at d = 256 two; at d = 64
+  // (16 quads) 16 lanes hold the row, and the warp's other 16 lanes take the
+  // tile's second half of the keys (kKeyGroups = 2), their sums added at the
+  // end of the split.
+  static constexpr int kQuads = kD / kVec4;
+  static constexpr int kKeyGroups = kQuads < kWarpSize ? kWarpSize / kQuads : 1;
+  static constexpr int kGroupLanes = kWarpSize / kKeyGroups;
+  static constexpr int kGroupKeys = kBc / kKeyGroups;
+  static constexpr int kLaneQuads = kQuads / kGroupLanes;
+  // Pt's row stride: one register tile of padding, so that the stores of P~
+  // (lane j writes key j's kTileRows values) fall in different banks: in the
+  // narrow layout 32 lanes' 4-byte stores at stride 33 words, in the wide
+  // layout each quarter-warp's 16-byte stores at stride 36 (4 banks apart).
+  static constexpr int kPStride = kRows + kTileRows;
+  static_assert(kHalfKeys * kHalves == kWarpSize, "a lane per key of each half");
+  static_assert(kKeyGroups * kGroupLanes == kWarpSize && kLaneQuads >= 1, "P~ V covers the warp");
+  static_assert(kPStride <= Smem<kD, float>::kPStrideMax, "Pt fits its shared memory");
+};
+
 // At least two blocks per SM up to d = 128 (at most 128 registers a
 // thread): while one block waits on its K/V tile loads, the other computes.
-// Without the bound the compiler takes 178 registers at d = 128, one block
-// per SM. At d = 256 the 32 accumulators a thread holds need more: one block.
+// Without the bound the compiler takes 144 (wide) and 137 (narrow)
+// registers at d = 128, one block per SM; with it neither spills. At d = 256 the 32 accumulators a thread holds need more: one block.
 constexpr int min_blocks_per_sm(int kD) { return kD <= 128 ? 2 : 1; }
+
+// kN consecutive floats of shared memory into registers and back: float4
+// accesses where kN is a multiple of 4 (the address is then 16-byte aligned).
+template <int kN>
+__device__ __forceinline__ void load_floats(const float* src, float (&v)[kN]) {
+  if constexpr (kN % kVec4 == 0) {
+#pragma unroll
+    for (int q = 0; q < kN / kVec4; ++q) {
+      const float4 x = reinterpret_cast<const float4*>(src)[q];
+      v[kVec4 * q] = x.x;
+      v[kVec4 * q + 1] = x.y;
+      v[kVec4 * q + 2] = x.z;
+      v[kVec4 * q + 3] = x.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = src[i];
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void store_floats(float* dst, const float (&v)[kN]) {
+  if constexpr (kN % kVec4 == 0) {
+#pragma unroll
+    for (int q = 0; q < kN / kVec4; ++q) {
+      reinterpret_cast<float4*>(dst)[q] =
+          make_float4(v[kVec4 * q], v[kVec4 * q + 1], v[kVec4 * q + 2], v[kVec4 * q + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) dst[i] = v[i];
+  }
+}
+
+// acc + a . b: four FFMAs.
+__device__ __forceinline__ float dot4(float acc, const float4& a, const float4& b) {
+  acc += a.x * b.x;
+  acc += a.y * b.y;
+  acc += a.z * b.z;
+  acc += a.w * b.w;
+  return acc;
+}
+
+// acc += s v, per component: four FFMAs.
+__device__ __forceinline__ void axpy4(float4& acc, float s, const float4& v) {
+  acc.x += s * v.x;
+  acc.y += s * v.y;
+  acc.z += s * v.z;
+  acc.w += s * v.w;
+}
+
+// acc *= s, per component.
+__device__ __forceinline__ void scale4(float4& acc, float s) {
+  acc.x *= s;
+  acc.y *= s;
+  acc.z *= s;
+  acc.w *= s;
+}
 
 // Programmatic dependent launch (sm_90): the merge kernel, launched with
 // the attribute that allows it (launch_merge), may start once every block of
@@ -165,24 +274,29 @@ __device__ void load_kv_tile(const Params<Elem>& p, const Elem* K, const Elem* V
   }
 }
 
-template <int kD, typename Elem>
+// The fp32 split kernel on the CUDA cores, with register tiles of kTileRows
+// rows (Fp32Tiles): each value a thread loads from shared memory feeds
+// several FFMAs, as in an SGEMM.
+template <int kD, int kTileRows, typename Elem>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
     split_kernel(const Params<Elem> p) {
   using S = Smem<kD, Elem>;
-  constexpr int kOwn = kRows * kD / kThreads;  // O~ elements per thread
+  using T = Fp32Tiles<kD, kTileRows>;
   constexpr int kStages = S::kStages;
+  constexpr int kPasses = T::kPasses;
+  constexpr int kLaneQuads = T::kLaneQuads;
   extern __shared__ float4 smem_vec[];  // float4: 16-byte alignment for cp.async and float4 reads
   char* smem = reinterpret_cast<char*>(smem_vec);
-  float* Qs = reinterpret_cast<float*>(smem + S::kQ);
-  Elem* Ks = reinterpret_cast<Elem*>(smem + S::kK);
-  Elem* Vs = reinterpret_cast<Elem*>(smem + S::kV);
-  float* Ps = reinterpret_cast<float*>(smem + S::kP);
-  float* alpha_s = reinterpret_cast<float*>(smem + S::kAlpha);
-  float* m_s = reinterpret_cast<float*>(smem + S::kM);
-  float* l_s = reinterpret_cast<float*>(smem + S::kL);
+  float* Qs = reinterpret_cast<float*>(smem + S::kQ);  // [kRows][kD]
+  Elem* Ks = reinterpret_cast<Elem*>(smem + S::kK);    // [kStages][kBc][kKStride]
+  Elem* Vs = reinterpret_cast<Elem*>(smem + S::kV);    // [kStages][kBc][kD]
+  float* Pt = reinterpret_cast<float*>(smem + S::kP);  // [kBc][T::kPStride]: P~ transposed
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
+  const int half = lane / T::kHalfKeys;           // S: the half of the columns this lane sums
+  const int key_group = lane / T::kGroupLanes;    // P~ V: keys key_group kGroupKeys + 0 ..
+  const int quad = lane % T::kGroupLanes;         // P~ V: columns 4 (quad + kGroupLanes u) + 0..3
   const std::int64_t units = p.row_tiles * p.splits;
   let_merge_launch();
 
@@ -223,22 +337,27 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
         }
         Qs[e] = q;
       }
-      // The warp's rows: m and l (Algorithm 1's m_i, l_i, identical in every
-      // lane) and the keys each may see in this split.
-      float m_row[kRowsPerWarp], l_row[kRowsPerWarp];
-      int end_row[kRowsPerWarp];
+      // The warp's rows, per pass and row of its register tile: m and l
+      // (Algorithm 1's m_i, l_i, identical in every lane), the keys each may
+      // see in this split, and the lane's part of O~ (unnormalized). A
+      // padding row sees no key: its scores are -inf, its P~ 0.
+      float m_i[kPasses][kTileRows], l_i[kPasses][kTileRows];
+      int end_row[kPasses][kTileRows];
+      float4 acc[kPasses][kTileRows][kLaneQuads];
 #pragma unroll
-      for (int k = 0; k < kRowsPerWarp; ++k) {
-        const int r = warp + kWarps * k;
-        m_row[k] = -INFINITY;
-        l_row[k] = 0.0f;
-        end_row[k] = r < rows ? static_cast<int>(min(static_cast<std::int64_t>(k_hi),
-                                                     visible_keys((r0 + r) % p.Nq, p.Nq, nk, p.causal)))
-                              : k_lo;
+      for (int k = 0; k < kPasses; ++k) {
+#pragma unroll
+        for (int i = 0; i < kTileRows; ++i) {
+          const int r = (k * kWarps + warp) * kTileRows + i;
+          m_i[k][i] = -INFINITY;
+          l_i[k][i] = 0.0f;
+          end_row[k][i] = r < rows ? static_cast<int>(min(static_cast<std::int64_t>(k_hi),
+                                                          visible_keys((r0 + r) % p.Nq, p.Nq, nk, p.causal)))
+                                   : k_lo;
+#pragma unroll
+          for (int q = 0; q < kLaneQuads; ++q) acc[k][i][q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
       }
-      float acc[kOwn];  // O~, unnormalized
-#pragma unroll
-      for (int k = 0; k < kOwn; ++k) acc[k] = 0.0f;
 
       for (int t = 0; t < tiles; ++t) {
         // Tile t + kStages - 1 starts into the buffer tile t - 1 used (every
@@ -257,82 +376,128 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
         const int kt = k_lo + t * kBc;
         const Elem* Kb = Ks + (t % kStages) * kBc * S::kKStride;  // [kBc][kKStride]
         const Elem* Vb = Vs + (t % kStages) * kBc * kD;           // [kBc][kD]
-        // S = scale Q K^T for the warp's rows, lane = key; the online softmax.
         // (The arrays stay in registers only if every index is a constant:
-        // the loops over k are unrolled, rows past `rows` skipped, not left.)
+        // the loops over passes and tile rows are unrolled, passes of
+        // padding rows skipped, not left.)
 #pragma unroll
-        for (int k = 0; k < kRowsPerWarp; ++k) {
-          const int r = warp + kWarps * k;
-          if (r >= rows) continue;  // warp-uniform
-          float score = -INFINITY;  // a key the row may not see
-          if (kt + lane < end_row[k]) {
-            const float4* q4 = reinterpret_cast<const float4*>(Qs + r * kD);
-            const Elem* k_row = Kb + lane * S::kKStride;
-            float dot = 0.0f;
+        for (int k = 0; k < kPasses; ++k) {
+          const int row0 = (k * kWarps + warp) * kTileRows;
+          if (row0 >= rows) continue;  // warp-uniform: padding rows only
+          // S = Q K^T on the register tile: the tile's rows against keys
+          // lane % 16 and lane % 16 + 16, over this lane's half of the columns.
+          // Qh: the tile's rows, [kTileRows][kD]; Kh: the two keys,
+          // [kHalves][kHalfKeys][kKStride]; both from the half's first column.
+          const float* Qh = Qs + row0 * kD + half * T::kHalfCols;
+          const Elem* Kh = Kb + (lane % T::kHalfKeys) * S::kKStride + half * T::kHalfCols;
+          float dot[kTileRows][T::kHalves] = {};
 #pragma unroll 4
-            for (int c = 0; c < kD / 4; ++c) {
-              const float4 a = q4[c], b4 = load_vec4(k_row + 4 * c);  // widened to fp32
-              dot += a.x * b4.x;
-              dot += a.y * b4.y;
-              dot += a.z * b4.z;
-              dot += a.w * b4.w;
-            }
-            score = dot * p.scale_log2;
-          }
-          const float m_new = fmaxf(m_row[k], warp_reduce(score, MaxOp{}));
-          // No key seen yet: subtract 0, so exp2(-inf - 0) = 0, not exp2(NaN).
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-          const float p_ij = exp2f(score - m_use);
-          const float alpha = exp2f(m_row[k] - m_use);
-          l_row[k] = l_row[k] * alpha + warp_reduce(p_ij, SumOp{});
-          m_row[k] = m_new;
-          Ps[r * kBc + lane] = p_ij;
-          if (lane == 0) alpha_s[r] = alpha;
-        }
-        __syncthreads();
-        // O~ = alpha O~ + P~ V for the thread's elements.
+          for (int c = 0; c < T::kHalfCols; c += kVec4) {
+            float4 k4[T::kHalves];
 #pragma unroll
-        for (int k = 0; k < kOwn; ++k) {
-          const int e = tid + kThreads * k;
-          const int r = e / kD, c = e % kD;
-          if (r >= rows) continue;
-          float o = acc[k] * alpha_s[r];
-#pragma unroll 8
-          for (int j = 0; j < kBc; ++j) o += Ps[r * kBc + j] * to_float(Vb[j * kD + c]);
-          acc[k] = o;
+            for (int h = 0; h < T::kHalves; ++h) {
+              k4[h] = load_vec4(Kh + h * T::kHalfKeys * S::kKStride + c);
+            }
+#pragma unroll
+            for (int i = 0; i < kTileRows; ++i) {
+              const float4 q4 = *reinterpret_cast<const float4*>(Qh + i * kD + c);
+#pragma unroll
+              for (int h = 0; h < T::kHalves; ++h) dot[i][h] = dot4(dot[i][h], q4, k4[h]);
+            }
+          }
+          // Lane l keeps key l (its half's sum of key lane % 16 + 16 half)
+          // and adds lane l ^ 16's half of it; then the online softmax, row
+          // by row, as one score a lane.
+          float p_ij[kTileRows], alpha[kTileRows];
+#pragma unroll
+          for (int i = 0; i < kTileRows; ++i) {
+            const float mine = half == 0 ? dot[i][0] : dot[i][1];
+            const float theirs = half == 0 ? dot[i][1] : dot[i][0];
+            const float full = mine + __shfl_xor_sync(kFullWarpMask, theirs, T::kHalfKeys);
+            const float score = kt + lane < end_row[k][i] ? full * p.scale_log2 : -INFINITY;
+            const float m_new = fmaxf(m_i[k][i], warp_reduce(score, MaxOp{}));
+            // No key seen yet: subtract 0, so exp2(-inf - 0) = 0, not exp2(NaN).
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            p_ij[i] = exp2f(score - m_use);
+            alpha[i] = exp2f(m_i[k][i] - m_use);
+            l_i[k][i] = l_i[k][i] * alpha[i] + warp_reduce(p_ij[i], SumOp{});
+            m_i[k][i] = m_new;
+          }
+          store_floats(Pt + lane * T::kPStride + row0, p_ij);
+          __syncwarp();  // the warp's rows of P~, written by its lanes, read by all of them
+          // O~ = alpha O~ + P~ V on the register tile: per key, the tile's
+          // P~ in one load and each of the lane's V quads in one.
+#pragma unroll
+          for (int i = 0; i < kTileRows; ++i) {
+#pragma unroll
+            for (int q = 0; q < kLaneQuads; ++q) scale4(acc[k][i][q], alpha[i]);
+          }
+#pragma unroll 4
+          for (int jj = 0; jj < T::kGroupKeys; ++jj) {
+            const int j = key_group * T::kGroupKeys + jj;
+            float p_j[kTileRows];
+            load_floats(Pt + j * T::kPStride + row0, p_j);
+#pragma unroll
+            for (int q = 0; q < kLaneQuads; ++q) {
+              const float4 v4 = load_vec4(Vb + j * kD + kVec4 * (quad + q * T::kGroupLanes));
+#pragma unroll
+              for (int i = 0; i < kTileRows; ++i) axpy4(acc[k][i][q], p_j[i], v4);
+            }
+          }
         }
-        __syncthreads();  // Ps, alpha and this tile's buffer are free again
+        __syncthreads();  // this tile's buffer is free again (and Pt, each warp's own rows)
       }
 
+      // The key groups' sums of O~ (d = 64: two halves of every tile's keys).
 #pragma unroll
-      for (int k = 0; k < kRowsPerWarp; ++k) {
-        const int r = warp + kWarps * k;
-        if (lane == 0) {
-          m_s[r] = m_row[k];
-          l_s[r] = l_row[k];
+      for (int k = 0; k < kPasses; ++k) {
+#pragma unroll
+        for (int i = 0; i < kTileRows; ++i) {
+#pragma unroll
+          for (int q = 0; q < kLaneQuads; ++q) {
+#pragma unroll
+            for (int offset = T::kGroupLanes; offset < kWarpSize; offset *= 2) {
+              float4& a = acc[k][i][q];
+              a.x += __shfl_xor_sync(kFullWarpMask, a.x, offset);
+              a.y += __shfl_xor_sync(kFullWarpMask, a.y, offset);
+              a.z += __shfl_xor_sync(kFullWarpMask, a.z, offset);
+              a.w += __shfl_xor_sync(kFullWarpMask, a.w, offset);
+            }
+          }
         }
       }
-      __syncthreads();
       // O_s = O~ / l and L_s = m + log l (natural log): the partial of this
-      // split, or with one split the answer. A row that saw no key has l = 0:
-      // O = 0, L = -inf. (l NaN, from NaN inputs, stays NaN.)
+      // split, or with one split the answer, by the lanes of key group 0 and
+      // (L) lane 0. A row that saw no key has l = 0: O = 0, L = -inf. (l NaN,
+      // from NaN inputs, stays NaN.)
 #pragma unroll
-      for (int k = 0; k < kOwn; ++k) {
-        const int e = tid + kThreads * k;
-        const int r = e / kD, c = e % kD;
-        if (r >= rows || c >= p.d) continue;
-        const std::int64_t rr = r0 + r;
-        const std::int64_t row = query_head(kvh, rr / p.Nq, p.H, p.H_kv) * p.Nq + rr % p.Nq;
-        const float o = l_s[r] == 0.0f ? 0.0f : acc[k] / l_s[r];
-        if (p.splits == 1) p.O[row * p.d + c] = from_float<Elem>(o);
-        else p.O_part[((s * p.heads * p.Nq) + row) * p.d + c] = o;  // partials stay fp32
-      }
-      if (tid < rows) {
-        const std::int64_t rr = r0 + tid;
-        const std::int64_t row = query_head(kvh, rr / p.Nq, p.H, p.H_kv) * p.Nq + rr % p.Nq;
-        const float L = l_s[tid] == 0.0f ? -INFINITY : (m_s[tid] + log2f(l_s[tid])) * kLn2;
-        if (p.splits == 1) p.L[row] = L;
-        else p.L_part[s * p.heads * p.Nq + row] = L;
+      for (int k = 0; k < kPasses; ++k) {
+#pragma unroll
+        for (int i = 0; i < kTileRows; ++i) {
+          const int r = (k * kWarps + warp) * kTileRows + i;
+          if (r >= rows) continue;  // warp-uniform
+          const std::int64_t rr = r0 + r;
+          const std::int64_t row = query_head(kvh, rr / p.Nq, p.H, p.H_kv) * p.Nq + rr % p.Nq;
+          const float l = l_i[k][i];
+          if (key_group == 0) {
+#pragma unroll
+            for (int q = 0; q < kLaneQuads; ++q) {
+              const int c0 = kVec4 * (quad + q * T::kGroupLanes);
+              const float o4[kVec4] = {acc[k][i][q].x, acc[k][i][q].y, acc[k][i][q].z, acc[k][i][q].w};
+#pragma unroll
+              for (int c = 0; c < kVec4; ++c) {
+                if (c0 + c >= p.d) continue;
+                const float o = l == 0.0f ? 0.0f : o4[c] / l;
+                if (p.splits == 1) p.O[row * p.d + c0 + c] = from_float<Elem>(o);
+                else p.O_part[((s * p.heads * p.Nq) + row) * p.d + c0 + c] = o;  // partials stay fp32
+              }
+            }
+          }
+          if (lane == 0) {
+            const float L = l == 0.0f ? -INFINITY : (m_i[k][i] + log2f(l)) * kLn2;
+            if (p.splits == 1) p.L[row] = L;
+            else p.L_part[s * p.heads * p.Nq + row] = L;
+          }
+        }
       }
     }
   }
@@ -976,12 +1141,19 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
   }
 }
 
+// The fp32 kernel for a group of group_rows rows: the wide or the narrow
+// layout (fp32_wide).
+template <int kD, typename Elem>
+auto fp32_kernel(std::int64_t group_rows) {
+  return fp32_wide(group_rows) ? split_kernel<kD, kFp32TileRows, Elem> : split_kernel<kD, 1, Elem>;
+}
+
 template <int kD, typename Elem>
 void launch_split(const Params<Elem>& prm, Stream stream) {
   const dim3 grid(static_cast<unsigned>(std::min(prm.row_tiles * prm.splits, kMaxGridX)),
                   static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
-  launch_with_smem(split_kernel<kD, Elem>, grid, kThreads, Smem<kD, Elem>::kBytes, stream,
-                   "stage 09 split_kernel", prm);
+  launch_with_smem(fp32_kernel<kD, Elem>(prm.group_rows), grid, kThreads, Smem<kD, Elem>::kBytes,
+                   stream, "stage 09 split_kernel", prm);
 }
 
 template <int kD, typename Elem>
@@ -1046,9 +1218,9 @@ int occupancy(Kernel kernel, int threads, std::size_t smem_bytes) {
 }
 
 template <int kD, typename Elem>
-int occupancy() {
+int occupancy(std::int64_t group_rows) {
   if constexpr (std::is_same_v<Elem, float>) {
-    return occupancy(split_kernel<kD, Elem>, kThreads, Smem<kD, Elem>::kBytes);
+    return occupancy(fp32_kernel<kD, Elem>(group_rows), kThreads, Smem<kD, Elem>::kBytes);
   } else {
     return occupancy(split_mma_kernel<kD, Elem>, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes);
   }
@@ -1108,13 +1280,14 @@ void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens,
 }  // namespace
 
 int device_resident_blocks(const Problem& p) {
+  const std::int64_t group_rows = p.group() * p.Nq;
   int blocks = 0;
   with_element_type(p.dtype, [&](auto elem) {
     using Elem = decltype(elem);
     switch (head_dim_bucket(p.d)) {
-      case 64: blocks = occupancy<64, Elem>(); break;
-      case 128: blocks = occupancy<128, Elem>(); break;
-      default: blocks = occupancy<256, Elem>(); break;
+      case 64: blocks = occupancy<64, Elem>(group_rows); break;
+      case 128: blocks = occupancy<128, Elem>(group_rows); break;
+      default: blocks = occupancy<256, Elem>(group_rows); break;
     }
   });
   return blocks;

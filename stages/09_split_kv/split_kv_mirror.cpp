@@ -4,8 +4,9 @@
 // store it, the partials stay fp32), counting as split_kv_model.cpp states:
 // the global-memory elements they move, the shared-memory elements the split
 // kernel stages and reads, the FLOPs of S and P V, and every other operation
-// one by one. fp32 walks the CUDA-core kernel (Q fp32, K and V, P~, alpha, m
-// and l in shared memory); fp16 and bf16 the tensor-core kernel (each warp's
+// one by one. fp32 walks the CUDA-core kernel (Q fp32, K and V, P~ in shared
+// memory; m, l and alpha in the registers of the warp that owns the row);
+// fp16 and bf16 the tensor-core kernel (each warp's
 // key slice with its own m, l and O~, P~ rounded to p.dtype for P~ V, the
 // slices merged with the partial-merge rule at the end of the split).
 #include <algorithm>
@@ -80,7 +81,9 @@ float row_lse(Cost& c, float m, float l) {
 }
 
 // The CUDA-core split kernel (fp32): 32-key tiles, a warp's rows each with
-// one score a lane, P~ V from P~ in shared memory.
+// one score a lane for the softmax, P~ V from P~ in shared memory. Shared
+// memory reads count one per multiply-add operand (the kernel's register
+// tiles load each value once for several of them: split_kv_model.cpp).
 template <typename OutO, typename OutL>
 void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO out_O, OutL out_L,
                     Cost& c) {
@@ -115,23 +118,20 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
       }
       float p_ij[kBc];
       const float alpha = online_softmax(c, m[r], l[r], score, tile_max, keys, p_ij);
-      c.sram_write_bytes += (keys + 1) * F;  // P~ and alpha (one lane)
+      c.sram_write_bytes += keys * F;  // P~ (alpha stays in registers)
       for (std::int64_t e = 0; e < d; ++e) {
         float o = op(c, acc[r * d + e] * alpha);
         for (std::int64_t j = 0; j < keys; ++j) o += p_ij[j] * u.V[(kt + j) * d + e];
         acc[r * d + e] = o;
       }
       c.matmul_flops += 2 * keys * d;
-      // alpha per element, then a P~ and a V element per multiply-add
-      c.sram_read_bytes += d * (F + keys * (F + E));
+      c.sram_read_bytes += d * keys * (F + E);  // a P~ and a V element per multiply-add
     }
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     float* O = out_O(r);
-    // m and l through shared memory; l read once per element of O.
-    // The divisions count even where l = 0 selects 0 (as L's, row_lse).
-    c.sram_write_bytes += 2 * F;
-    c.sram_read_bytes += (d + 2) * F;
+    // m and l from the owning warp's registers. The divisions count even
+    // where l = 0 selects 0 (as L's, row_lse).
     for (std::int64_t e = 0; e < d; ++e) {
       const float o_div = op(c, acc[r * d + e] / l[r]);
       const float o = l[r] == 0.0f ? 0.0f : o_div;

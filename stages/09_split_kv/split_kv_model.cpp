@@ -10,12 +10,15 @@
 //   L written once; with one split O and L straight from the split kernel.
 // fp32 runs on the CUDA-core split kernel:
 // - SRAM writes: the block's Q rows (R d, widened to fp32), each K/V tile
-//   (2 C d elements of p.dtype), per row and tile P~ (a float per key) and
-//   alpha (one), and per row at the end m and l (2 floats).
+//   (2 C d elements of p.dtype), per row and tile P~ (a float per key). The
+//   row statistics (m, l, alpha) stay in the registers of the warp that owns
+//   the row.
 // - SRAM reads, one per multiply-add operand as in stages 01-06: a Q (fp32)
 //   and a K element per (visible score, column); a P~ (fp32) and a V element
-//   per (row, key read, column); alpha once per O~ element and tile, l once
-//   per O element, m and l once per row for L. The merge kernel's shared
+//   per (row, key read, column). (The kernel's register tiles load each
+//   value once for several multiply-adds: a K value for 4 rows, a Q value
+//   for 2 keys, a P~ for 4 columns, a V value for 4 rows in the wide layout;
+//   the count keeps the operands, comparable with stages 01-06.) The merge kernel's shared
 //   memory: per row the sums of its merge_warps - 1 other warps (d floats
 //   each), written once and read once.
 // - Matmul FLOPs: 2 d per visible score (S), 2 d per (row, key read) (P~ V).
@@ -118,9 +121,8 @@ Cost count(const Problem& p, const Plan& plan) {
   if (p.dtype == DType::kFp32) {
     c.sram_write_bytes = plan.splits * rows_total * p.d * F +            // Q
                          kv_heads * plan.row_tiles * 2 * p.Nk * p.d * E +  // K and V
-                         key_rows * F + row_kv_tiles * F + row_ends * 2 * F;  // P~, alpha; m, l
-    c.sram_read_bytes = (visible + key_rows) * p.d * (F + E) +  // S and P~ V operands
-                        row_kv_tiles * p.d * F + row_ends * (p.d + 2) * F;  // alpha; l, then m, l
+                         key_rows * F;                                     // P~
+    c.sram_read_bytes = (visible + key_rows) * p.d * (F + E);  // S and P~ V operands
     c.nonmatmul_flops = kFlopsPerVisibleScore * visible + kFlopsPerKey * key_rows +
                         row_kv_tiles * (kFlopsPerRowTile + p.d) + row_ends * (p.d + kFlopsPerRowEnd);
   } else {

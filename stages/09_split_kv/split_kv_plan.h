@@ -35,8 +35,28 @@ inline constexpr int kRows = 32;
 inline constexpr int kBc = 32;
 /// Threads per block: 8 warps.
 inline constexpr int kThreads = 256;
-/// Warps per block, each owning rows w, w + 8, w + 16, w + 24 of the tile.
+/// Warps per block, each owning kRows / kWarps = 4 rows of the tile.
 inline constexpr int kWarps = kThreads / 32;
+/// Rows of one thread's register tile in the fp32 kernel's wide layout:
+/// warp w owns rows 4 w .. 4 w + 3 and computes them together, so that each
+/// value it loads from shared memory feeds 4 rows' FFMAs. In S = Q K^T a lane
+/// scores 4 rows x 2 keys over half the columns (per 4 columns 4 LDS.128 of
+/// Q and 2 of K for 32 FFMA); in O~ += P~ V it holds 4 rows x 4 columns
+/// (per key one LDS.128 of P~ and one of V for 16 FFMA). 4 is the warp's
+/// whole share of the 32 rows, and its 16 accumulators a lane at d = 128 are
+/// as many as the one-row layout holds (kRows d / kThreads).
+inline constexpr int kFp32TileRows = 4;
+/// Whether the fp32 kernel takes the wide layout (kFp32TileRows rows a
+/// register tile) for a group of `group_rows` rows, or the narrow one (one
+/// row at a time: warp w owns rows w, w + 8, w + 16, w + 24). With at most
+/// kWarps rows the narrow layout gives every row its own warp, and the wide
+/// one would leave all but ceil(rows / 4) warps idle while those run 4 rows'
+/// work (mostly padding) in one chain; past kWarps rows a warp has two or
+/// more real rows, and the wide layout does them in one pass with a quarter
+/// of the shared-memory loads per FFMA in P~ V.
+FLASHSTEP_HOST_DEVICE constexpr bool fp32_wide(std::int64_t group_rows) {
+  return group_rows > kWarps;
+}
 /// Warps of a merge kernel block. A row of O is merged by merge_warps warps
 /// of one block, each summing its own run of the splits, so that with few
 /// rows and many splits (MQA on one sequence: 32 rows, up to 256 splits)
@@ -153,7 +173,8 @@ constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 /// fewer of what the registers (ptxas -v) and the shared memory allow.
 ///
 ///   fp32 (split_kernel, 256 threads)   d = 64, 128: 128 registers, 2 blocks
-///                                      d = 256: 214 registers, 1 block
+///                                      d = 256: 190 (wide), 165 (narrow)
+///                                      registers, 1 block
 ///   16 bits (split_mma_kernel, 128)    d = 64: 168 registers, 69 KiB: 3
 ///                                      d = 128: 250 registers, 105 KiB: 2
 ///                                      d = 256: 255 registers, 113 KiB: 2
