@@ -130,8 +130,10 @@ def run_stage09(exe, dtype, b, h_kv, nq, nk, copy_gbs):
     return rows, proc.returncode == 0
 
 
-def peer_rows(torch, b, h_kv, nq, nk, copy_gbs, flush):
-    """One row per SDPA backend on one problem (empty times and a note where it cannot run)."""
+def peer_rows(torch, b, h_kv, nq, nk, dtypes, copy_gbs, flush):
+    """One row per SDPA backend of the element types `dtypes` on one problem (empty times and a
+    note where it cannot run): a run for fp32 alone leaves the bf16 peers' rows, timed beside
+    stage 09's bf16 rows, as they were."""
     from peers import short, time_ms  # noqa: E402  (torch is only needed here)
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -142,8 +144,11 @@ def peer_rows(torch, b, h_kv, nq, nk, copy_gbs, flush):
     v32 = torch.randn((b, h_kv, nk, D), generator=gen, device="cuda") + 0.5
     rows = []
     for peer, (member, dtype_name) in PEERS.items():
+        short_dtype = {"float32": "fp32", "bfloat16": "bf16"}[dtype_name]
+        if short_dtype not in dtypes:
+            continue
         dtype = getattr(torch, dtype_name)
-        row = {"stage": peer, "dtype": {"float32": "fp32", "bfloat16": "bf16"}[dtype_name],
+        row = {"stage": peer, "dtype": short_dtype,
                "check": "", "median ms": "", "p20 ms": "", "p80 ms": "",
                "ideal bytes": ideal_bytes(b, h_kv, nq, nk, 4 if dtype_name == "float32" else 2,
                                           False),
@@ -237,7 +242,7 @@ def main():
             failures += 0 if ok and mine else 1
             got += mine
         if torch is not None:
-            got += peer_rows(torch, b, h_kv, nq, nk, copy_gbs, flush)
+            got += peer_rows(torch, b, h_kv, nq, nk, args.dtype, copy_gbs, flush)
         for r in got:
             r.update(point)
             r.update(meta)
