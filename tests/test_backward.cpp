@@ -331,8 +331,8 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
     CHECK(a.hbm_write_bytes - det.hbm_write_bytes == kv_blocks * 256 * d * 4 + 256 * d * 4);
   }
   // The accumulator is padded to whole Q blocks and the bucket's columns; the
-  // adds touch d's columns in whole chunks of 32: Nq = 200 has 256 rows of
-  // it, d = 40 the bucket's 64 columns, and the adds all of them (two chunks).
+  // adds touch d's columns in whole chunks of kDQChunk (64): Nq = 200 has 256
+  // rows of it, d = 40 the bucket's 64 columns, and the adds all of them.
   p.Nq = 200;
   p.d = 40;
   CHECK(flashstep::tensor_core::bwd::dq_accum_rows(p.Nq) == 256);
@@ -377,6 +377,37 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   p = make_problem(1, 1, 256, 256, 128, false);
   p.dtype = flashstep::DType::kBf16;
   CHECK(atomic->backward_model(p).barriers == 2 * (4 + 2));
+}
+
+TEST_CASE("stage 07's atomic (dK, dV) kernel: shared-memory reads of one pass, product by product") {
+  // One Q block of 64 rows against one K/V block (64 keys at d = 64, 128 at
+  // d = 128): the bytes the warps' ldmatrix read, product by product, as
+  // docs/results/tuning_07/README.md (round 8) counts them against
+  // FlashAttention-2's, plus L and D read once per key group per row.
+  const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
+  namespace bwd = flashstep::tensor_core::bwd;
+  constexpr std::int64_t e = 2;  // bf16
+  for (const std::int64_t d : {64, 128}) {
+    const int bucket = static_cast<int>(d);
+    const std::int64_t W = bwd::warps(bucket), Bc = bwd::block_keys(bucket), Br = bwd::kBr;
+    const std::int64_t slices = Br / bwd::kQSlice;
+    Problem p = make_problem(1, 1, Br, Bc, d, false);
+    p.dtype = flashstep::DType::kBf16;
+    // S^T and dP^T: each warp its 16 keys of Kj (Vj) once per query slice
+    // and all of Qi (dOi).
+    const std::int64_t s_or_dp = W * (slices * 16 + Br) * d * e;
+    // dV and dK: A from registers; each warp all of dOi (Qi), its columns.
+    const std::int64_t dv_or_dk = W * Br * d * e;
+    // dQ: each row group of 16 reads its dS rows once per chunk and all of Kj.
+    const std::int64_t dq = (d / bwd::kDQChunk) * Br * Bc * e + bwd::kDQRowGroups * Bc * d * e;
+    const std::int64_t l_and_d = Br * bwd::key_groups(bucket) * 2 * 4;
+    CHECK(atomic->backward_model(p).sram_read_bytes ==
+          2 * s_or_dp + 2 * dv_or_dk + dq + l_and_d);
+    // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 and a 64 x 128
+    // one at d = 128; this kernel 200 KiB a 64 x 64 pass (800 KiB a 128 x
+    // 128 area) and 800 KiB a 64 x 128 pass.
+    CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 200 : 800) * 1024);
+  }
 }
 
 TEST_CASE("stage 07's atomic dQ step finds the pair before it in the accumulator") {

@@ -27,8 +27,10 @@
 //   queries (both warps of a key group at d = 256); dV += P^T dO and
 //   dK += dS^T Q read dOi and Qi once per key group (each warp its columns);
 //   L and D once per key group; the atomic variant's dQ step reads dS's C_j
-//   per row once per column part (W / 4 warps share a row group's columns)
-//   and Kj's C_j d per Q block per query group of 16 rows.
+//   per row once per chunk of kDQChunk columns (each chunk reloads its
+//   warp's dS fragments; a row's chunks, over the W / 4 warps that share
+//   its columns, cover d rounded up to whole chunks) and Kj's C_j d per Q
+//   block per query group of 16 rows.
 // - Matmul FLOPs: the five products, 2 C_j d per row each; at d = 256 the two
 //   warps of a key group both compute S^T and dP^T (counted: executed work).
 //   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
@@ -73,7 +75,6 @@ Cost backward_model(const Problem& p) {
   const std::int64_t warps = bwd::warps(bucket);
   const std::int64_t groups = bwd::key_groups(bucket);
   const std::int64_t Bc = bwd::block_keys(bucket);
-  const std::int64_t dq_col_parts = warps / bwd::kDQRowGroups;
   const bool defer_dq = kAtomicDQ && bwd::ds_tiles(bucket) == 2;
   const std::int64_t barriers_per_pair = kAtomicDQ && !defer_dq ? 2 : 1;
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
@@ -111,7 +112,8 @@ Cost backward_model(const Problem& p) {
       head.hbm_read_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
       head.hbm_write_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
       head.sram_write_bytes += rows * C * e;
-      head.sram_read_bytes += rows * C * dq_col_parts * e + blocks * bwd::kDQRowGroups * C * d * e;
+      const std::int64_t dq_chunks = dq_cols / bwd::kDQChunk;  // per row, over its warps
+      head.sram_read_bytes += rows * C * dq_chunks * e + blocks * bwd::kDQRowGroups * C * d * e;
     }
   }
   if (!kAtomicDQ) {

@@ -59,12 +59,17 @@ constexpr int warps(int head_dim_bucket) {
 }
 
 /// Columns of dQ one warp computes at a time from dS_ij K_j (fp32
-/// accumulators, 16 registers), before its atomic adds: bounded so that the
-/// dQ step adds little to the registers dK_j and dV_j hold. ptxas -v on
-/// sm_90: with 64 columns the atomic kernel spills 44 bytes a thread at
-/// d = 128 and 24 at d = 256; with 32 (and no chunk past d), 24 at both
-/// (README.md, "The backward").
-inline constexpr int kDQChunk = 32;
+/// accumulators, 32 registers), before its atomic adds: all of a warp's
+/// kDQCols (64) up to d = 128, half of them at d = 256. Each chunk reloads
+/// the warp's dS A fragments (16 query rows x Bc keys), so one chunk of 64
+/// reads them once where two of 32 read them twice: at d = 128, 32 KiB of
+/// ldmatrix reads a (Q block, K/V block) pass instead of 64, of 832 KiB in
+/// all (docs/results/tuning_07/README.md, round 8). ptxas -v on sm_90, atomic
+/// kernel: 168 / 253 / 255 registers at d = 64 / 128 / 256, no spill, as
+/// with 32. (An earlier kernel spilled 44 bytes a thread at d = 128 with 64
+/// columns; the dQ step now runs where the S^T and dP^T accumulators are
+/// dead: before a pass's products from d = 128, after them at d = 64.)
+inline constexpr int kDQChunk = 64;
 
 /// Rows per head of the atomic variant's fp32 dQ accumulator: Nq rounded up
 /// to whole Q blocks. The accumulator is [heads, dq_accum_rows(Nq), bucket],
