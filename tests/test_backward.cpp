@@ -390,7 +390,7 @@ TEST_CASE("stage 07's atomic (dK, dV) kernel: shared-memory reads of one pass, p
   for (const std::int64_t d : {64, 128}) {
     const int bucket = static_cast<int>(d);
     const std::int64_t W = bwd::warps(bucket), Bc = bwd::block_keys(bucket), Br = bwd::kBr;
-    const std::int64_t slices = Br / bwd::kQSlice;
+    const std::int64_t slices = Br / bwd::q_slice(bucket, true);
     Problem p = make_problem(1, 1, Br, Bc, d, false);
     p.dtype = flashstep::DType::kBf16;
     // S^T and dP^T: each warp its 16 keys of Kj (Vj) once per query slice
@@ -405,8 +405,9 @@ TEST_CASE("stage 07's atomic (dK, dV) kernel: shared-memory reads of one pass, p
           2 * s_or_dp + 2 * dv_or_dk + dq + l_and_d);
     // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 and a 64 x 128
     // one at d = 128; this kernel 200 KiB a 64 x 64 pass (800 KiB a 128 x
-    // 128 area) and 800 KiB a 64 x 128 pass.
-    CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 200 : 800) * 1024);
+    // 128 area) and 736 KiB a 64 x 128 pass (one query slice at d = 128).
+    CHECK(slices == (d == 64 ? 2 : 1));
+    CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 200 : 736) * 1024);
   }
 }
 

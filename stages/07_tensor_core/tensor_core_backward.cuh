@@ -57,9 +57,11 @@
 // block i's dQ step runs after block i + 1's one barrier, beside its
 // products: one block barrier per Q block (dkdv_block proves the order
 // race-free); at d = 64 one dS tile and a second barrier (ds_tiles). A warp
-// computes S^T and dP^T for kQSlice = 32 queries of the Q block at a time,
-// which keeps their accumulators beside dK_j's and dV_j's within the
-// registers (tensor_core_backward_tiles.h). All tiles but L and D in the
+// computes S^T and dP^T for all 64 queries of the Q block at once in the
+// atomic kernel from d = 128, reading its Kw and Vw fragments once a Q block,
+// and for 32 at a time elsewhere, which keeps their accumulators beside
+// dK_j's and dV_j's within the registers (q_slice in
+// tensor_core_backward_tiles.h). All tiles but L and D in the
 // forward's swizzled layout (tensor_core.cuh), whose fragment loaders this
 // file reuses.
 #pragma once
@@ -116,7 +118,6 @@ struct BackwardConfig {
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kWarpCols = kHeadDim / kDSplit;  // columns of dK_j, dV_j per warp
   static constexpr int kColTiles = kWarpCols / kMmaN;   // their n8 tiles
-  static constexpr int kQTiles = kQSlice / kMmaN;      // n8 tiles of S^T over a query slice
   static constexpr int kKeySteps = kBc / kMmaK;         // k16 steps over the keys (dQ)
   static constexpr int kDSteps = kHeadDim / kMmaK;      // k16 steps over d (S^T, dP^T)
   static constexpr int kChunkTiles = kDQChunk / kMmaN;  // n8 tiles of a dQ chunk
@@ -453,6 +454,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // Whether a pair's dQ step waits for the next pair's pass (two dS tiles)
   // or follows its products behind a barrier of its own (one).
   constexpr bool kDeferDQ = kAtomicDQ && C::kDSTiles == 2;
+  // Queries per slice of S^T and dP^T, and their n8 tiles.
+  constexpr int kQSlice = q_slice(C::kHeadDim, kAtomicDQ);
+  constexpr int kQTiles = kQSlice / kMmaN;
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -580,15 +584,17 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
     const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
 
-    // The Q block's queries in slices of kQSlice: S^T and dP^T of one slice
-    // at a time, so their accumulators take half the registers.
+    // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
+    // atomic kernel from d = 128, else 32): S^T and dP^T of one slice at a
+    // time, so that with two slices their accumulators take half the
+    // registers.
 #pragma unroll 1
     for (int qs = 0; qs < kBr; qs += kQSlice) {
-      float S[C::kQTiles][4];  // S^T, then P^T: rows keys, columns queries qs ..
-      product_abt<Elem, C::kHeadDim, C::kQTiles>(S, Kj, Qi + qs * C::kHeadDim, key_row0, at_a,
-                                                 at_bk);                     // line 10
+      float S[kQTiles][4];  // S^T, then P^T: rows keys, columns queries qs ..
+      product_abt<Elem, C::kHeadDim, kQTiles>(S, Kj, Qi + qs * C::kHeadDim, key_row0, at_a,
+                                              at_bk);                        // line 10
 #pragma unroll
-      for (int nt = 0; nt < C::kQTiles; ++nt) {                              // line 11
+      for (int nt = 0; nt < kQTiles; ++nt) {                                 // line 11
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int q = qs + nt * kMmaN + 2 * t + e % 2;
@@ -597,7 +603,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       }
       if (!whole) {  // a tile on the diagonal or past Nk: its hidden pairs' P is 0
 #pragma unroll
-        for (int nt = 0; nt < C::kQTiles; ++nt) {
+        for (int nt = 0; nt < kQTiles; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = key_row0 + g + 8 * (e / 2);
@@ -606,23 +612,23 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
           }
         }
       }
-      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim + col0,
-                                                              0, at_bv);  // line 12
-      float dP[C::kQTiles][4];  // dP^T, then dS^T
-      product_abt<Elem, C::kHeadDim, C::kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
-                                                 at_bk);                     // line 13
+      product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim + col0,
+                                                           0, at_bv);  // line 12
+      float dP[kQTiles][4];  // dP^T, then dS^T
+      product_abt<Elem, C::kHeadDim, kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
+                                              at_bk);                        // line 13
 #pragma unroll
-      for (int nt = 0; nt < C::kQTiles; ++nt) {                              // line 14
+      for (int nt = 0; nt < kQTiles; ++nt) {                                 // line 14
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
         }
       }
-      product_ab<Elem, C::kHeadDim, C::kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim + col0,
-                                                              0, at_bv);  // line 16
+      product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim + col0,
+                                                           0, at_bv);  // line 16
       if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS^T
 #pragma unroll
-        for (int nt = 0; nt < C::kQTiles; ++nt) {
+        for (int nt = 0; nt < kQTiles; ++nt) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {  // keys g and g + 8, two neighbouring queries each
             const int key = key_row0 + g + 8 * h;

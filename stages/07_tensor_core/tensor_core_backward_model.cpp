@@ -23,8 +23,9 @@
 // - Shared memory reads, as the warps load fragments: per visited row, the
 //   products S^T = K Q^T and dP^T = V dO^T read Qi's and dOi's d columns once
 //   per warp (W = key groups, 8 up to d = 128 and 4 at d = 256, times the d
-//   split) and each warp its own 16 rows of Kj, Vj per slice of kQSlice
-//   queries (both warps of a key group at d = 256); dV += P^T dO and
+//   split) and each warp its own 16 rows of Kj, Vj per slice of q_slice
+//   queries (one slice a Q block in the atomic variant from d = 128; both
+//   warps of a key group at d = 256); dV += P^T dO and
 //   dK += dS^T Q read dOi and Qi once per key group (each warp its columns);
 //   L and D once per key group; the atomic variant's dQ step reads dS's C_j
 //   per row once per chunk of kDQChunk columns (each chunk reloads its
@@ -79,7 +80,7 @@ Cost backward_model(const Problem& p) {
   const std::int64_t barriers_per_pair = kAtomicDQ && !defer_dq ? 2 : 1;
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
-  const std::int64_t slices = bwd::kBr / bwd::kQSlice;
+  const std::int64_t slices = bwd::kBr / bwd::q_slice(bucket, kAtomicDQ);
   const std::int64_t dq_cols =
       std::min<std::int64_t>(bucket, ceil_div(d, bwd::kDQChunk) * bwd::kDQChunk);
   Cost head;     // per query head

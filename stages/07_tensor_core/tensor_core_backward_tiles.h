@@ -40,11 +40,26 @@ inline constexpr int kBr = 64;
 inline constexpr int kDQRowGroups = kBr / 16;
 
 /// Queries per slice of the S_ij^T and dP_ij^T accumulators: a warp computes
-/// them for 32 queries at a time, 16 fp32 registers each, beside dK_j's and
-/// dV_j's 2 d / kDSplit. With the whole Q block of 64 at once (32 each) ptxas
-/// spilled at d = 128 and 256 (72 bytes a thread); the slices cost two more
-/// loads of the warp's K and V fragments per Q block.
-inline constexpr int kQSlice = 32;
+/// them for q_slice queries of the Q block at a time, q_slice / 2 fp32
+/// registers each, beside dK_j's and dV_j's 2 d / kDSplit. Each slice
+/// reloads the warp's Kw and Vw A fragments (16 keys x d each), so one slice
+/// of all kBr = 64 queries reads them once a Q block where two of 32 read
+/// them twice: at d = 128, 64 KiB of ldmatrix reads a (Q block, K/V block)
+/// pass less, of 800 (docs/results/tuning_07/README.md, round 8). ptxas -v
+/// on sm_90 (CUDA 13), bf16 and fp16 alike:
+/// - atomic kernel, d >= 128: one slice of 64. 255 registers; at d = 128 12
+///   bytes stored and 16 loaded, all before the pair loop (none in it), at
+///   d = 256 none. (The first kernel spilled 72 bytes with 64.)
+/// - d = 64: slices of 32. With 64, 215 registers (atomic) and 181
+///   (deterministic) would leave two blocks of 4 warps an SM instead of
+///   three (168 is three's limit).
+/// - deterministic kernel, d = 128: slices of 32. With 64 ptxas moved its
+///   spill (8 bytes) into the pair loop, two local loads on every tile
+///   that takes the mask; with 32, 12 bytes stored and loaded outside it.
+///   At d = 256 it keeps 32 too, so that only the atomic kernel changed.
+FLASHSTEP_HOST_DEVICE constexpr int q_slice(int head_dim_bucket, bool atomic_dq) {
+  return atomic_dq && head_dim_bucket >= 128 ? kBr : kBr / 2;  // one slice, or two
+}
 
 /// Warps splitting the head dimension of dK_j and dV_j: 1 up to d = 128, 2 at
 /// d = 256, where one warp's 16 x 256 rows of both would take 256 registers
