@@ -84,6 +84,9 @@ constexpr int warps(int head_dim_bucket) {
 /// with 32. (An earlier kernel spilled 44 bytes a thread at d = 128 with 64
 /// columns; the dQ step now runs where the S^T and dP^T accumulators are
 /// dead: before a pass's products from d = 128, after them at d = 64.)
+/// The price: where d is not a multiple of 64 a warp adds up to 32 columns
+/// of zeros into the accumulator's padding that chunks of 32 skipped (at
+/// d <= 32, twice the reductions), as the model counts (dq_cols).
 inline constexpr int kDQChunk = 64;
 
 /// Rows per head of the atomic variant's fp32 dQ accumulator: Nq rounded up
