@@ -19,7 +19,8 @@
 //   too) and of d's columns rounded up to whole chunks of kDQChunk (a warp
 //   skips the chunks past d).
 // - Shared memory writes: Kj, Vj once; Qi, dOi, L, D per visited row; the
-//   atomic variant's dS tile (C_j per row).
+//   atomic variant's dS tile (C_j per row), and with 2-D warp tiles its P^T
+//   tile (bwd::warp_tile_2d: the atomic variant at d = 128) as much.
 // - Shared memory reads, as the warps load fragments: per visited row, the
 //   products S^T = K Q^T and dP^T = V dO^T read Qi's and dOi's d columns once
 //   per warp (W = key groups, 8 up to d = 128 and 4 at d = 256, times the d
@@ -27,7 +28,15 @@
 //   queries (one slice a Q block in the atomic variant from d = 128; both
 //   warps of a key group at d = 256); dV += P^T dO and
 //   dK += dS^T Q read dOi and Qi once per key group (each warp its columns);
-//   L and D once per key group; the atomic variant's dQ step reads dS's C_j
+//   L and D once per key group. With 2-D warp tiles (d = 128, atomic), a
+//   warp's S^T, dP^T tile of 32 keys x 32 queries reads its keys of Kj, Vj
+//   and its queries of Qi, dOi, so that per visited row and Q block the
+//   kTileSideWarps warps of a key range read all C_j keys and the
+//   kTileKeyWarps warps of a query range all the rows; its dV, dK tile of 32
+//   keys x 64 columns reads its keys' P^T, dS^T rows over all the Q block's
+//   rows (kTileSideWarps times a row's C_j) and its columns of dOi, Qi
+//   (kTileKeyWarps times a row's d); L and D once per warp of a query range.
+//   Then, in either tiling, the atomic variant's dQ step reads dS's C_j
 //   per row once per chunk of kDQChunk columns (each chunk reloads its
 //   warp's dS fragments; a row's chunks, over the W / 4 warps that share
 //   its columns, cover d rounded up to whole chunks) and Kj's C_j d per Q
@@ -45,11 +54,12 @@
 //   one multiply per element.
 // - Block barriers, summed over thread blocks: a (dK, dV) block meets once
 //   per visited (query head, Q block) pair and once before its tiles are
-//   reused; in the atomic variant with two dS tiles (bwd::ds_tiles) once
-//   more after the pairs, for the last pair's dQ step (each pair's dQ step
-//   runs behind the next pair's barrier), with one tile once more per pair
-//   (between its products and its dQ step); not at all when no row sees
-//   its K/V block. A dQ kernel block meets once per K/V block and once at
+//   reused; in the atomic variant with two dS tiles (bwd::ds_tiles, d = 256)
+//   once more after the pairs, for the last pair's dQ step (each pair's dQ
+//   step runs behind the next pair's barrier), with one tile once more per
+//   pair (between its products and its dQ step; with 2-D warp tiles between
+//   S^T, dP^T and the other three); not at all when no row sees its K/V
+//   block. A dQ kernel block meets once per K/V block and once at
 //   its end.
 #include <algorithm>
 
@@ -77,6 +87,7 @@ Cost backward_model(const Problem& p) {
   const std::int64_t groups = bwd::key_groups(bucket);
   const std::int64_t Bc = bwd::block_keys(bucket);
   const bool defer_dq = kAtomicDQ && bwd::ds_tiles(bucket) == 2;
+  const bool tile_2d = bwd::warp_tile_2d(bucket, kAtomicDQ);
   const std::int64_t barriers_per_pair = kAtomicDQ && !defer_dq ? 2 : 1;
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
@@ -104,8 +115,17 @@ Cost backward_model(const Problem& p) {
     kv_head.sram_write_bytes += 2 * C * d * e;
     head.hbm_read_bytes += rows * (2 * d * e + 2 * kFloatBytes);
     head.sram_write_bytes += rows * (2 * d * e + 2 * kFloatBytes);
-    head.sram_read_bytes += rows * (2 * warps + 2 * groups) * d * e +
-                            blocks * slices * 2 * split * C * d * e + rows * groups * 2 * kFloatBytes;
+    if (tile_2d) {
+      const std::int64_t key_warps = bwd::kTileKeyWarps, side_warps = bwd::kTileSideWarps;
+      head.sram_read_bytes += 2 * (blocks * side_warps * C + key_warps * rows) * d * e  // S^T, dP^T
+                              + 2 * (side_warps * rows * C + key_warps * rows * d) * e  // dV, dK
+                              + rows * key_warps * 2 * kFloatBytes;                   // L, D
+      head.sram_write_bytes += rows * C * e;  // P^T
+    } else {
+      head.sram_read_bytes += rows * (2 * warps + 2 * groups) * d * e +
+                              blocks * slices * 2 * split * C * d * e +
+                              rows * groups * 2 * kFloatBytes;
+    }
     const std::int64_t products = kAtomicDQ ? 5 : 4;
     head.matmul_flops += (products + 2 * (split - 1)) * 2 * rows * C * d;
     head.nonmatmul_flops += kFlopsPerScore * rows * C;
