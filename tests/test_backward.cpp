@@ -347,7 +347,8 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   // of n pairs). At d = 64 and 128, one tile: two a pair, then one
   // (2 n + 1); at d = 128 the second barrier of a pair also hands the 2-D
   // warp tiles' P^T to dV. The deterministic (dK, dV) kernel has no dQ step
-  // (n + 1), its dQ kernel one per K/V block and one at its end.
+  // (n + 1; 2 n + 1 with the 2-D warp tiles of d = 128), its dQ kernel one
+  // per K/V block and one at its end.
   const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
   const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
   namespace bwd = flashstep::tensor_core::bwd;
@@ -357,10 +358,9 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   CHECK(bwd::pt_tiles(64) == 0);
   CHECK(bwd::pt_tiles(128) == 1);
   CHECK(bwd::pt_tiles(256) == 0);
-  CHECK(bwd::warp_tile_2d(128, true));
-  CHECK_FALSE(bwd::warp_tile_2d(128, false));
-  CHECK_FALSE(bwd::warp_tile_2d(64, true));
-  CHECK_FALSE(bwd::warp_tile_2d(256, true));
+  CHECK(bwd::warp_tile_2d(128));
+  CHECK_FALSE(bwd::warp_tile_2d(64));
+  CHECK_FALSE(bwd::warp_tile_2d(256));
   // N = 256, d = 64: 4 K/V blocks of 64 keys, 4 Q blocks of 64 rows.
   Problem p = make_problem(1, 1, 256, 256, 64, false);
   p.dtype = flashstep::DType::kBf16;
@@ -385,6 +385,8 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   p = make_problem(1, 1, 256, 256, 128, false);
   p.dtype = flashstep::DType::kBf16;
   CHECK(atomic->backward_model(p).barriers == 2 * (2 * 4 + 1));
+  // The dQ kernel: 4 Q blocks of 4 K/V blocks of 64 keys each.
+  CHECK(deterministic->backward_model(p).barriers == 2 * (2 * 4 + 1) + 4 * (4 + 1));
   // d = 256, two dS tiles: 4 K/V blocks of 64 keys.
   p = make_problem(1, 1, 256, 256, 256, false);
   p.dtype = flashstep::DType::kBf16;
@@ -403,7 +405,7 @@ TEST_CASE("stage 07's atomic (dK, dV) kernel: shared-memory reads of one pass, p
   for (const std::int64_t d : {64, 128}) {
     const int bucket = static_cast<int>(d);
     const std::int64_t W = bwd::warps(bucket), Bc = bwd::block_keys(bucket), Br = bwd::kBr;
-    const bool tile_2d = bwd::warp_tile_2d(bucket, true);
+    const bool tile_2d = bwd::warp_tile_2d(bucket);
     CHECK(tile_2d == (d == 128));
     Problem p = make_problem(1, 1, Br, Bc, d, false);
     p.dtype = flashstep::DType::kBf16;

@@ -51,8 +51,8 @@
 // ldmatrix.trans, which transposes on the way (load_a_transposed). Written
 // as dS (queries as rows) the tile took twice the stores, 16-bit ones.
 //
-// The atomic kernel at d = 128 tiles the same products in two dimensions
-// instead, as FlashAttention-2 does (warp_tile_2d in
+// At d = 128 dkdv_kernel (atomic or not) tiles the same products in two
+// dimensions instead, as FlashAttention-2 does (warp_tile_2d in
 // tensor_core_backward_tiles.h): warp w computes S^T and dP^T for 32 keys
 // (w % 4) x 32 queries (w / 4), which reads 32 + 32 rows of the operands
 // where 16 keys x 64 queries read 16 + 64 for as many scores, and stores
@@ -65,7 +65,9 @@
 //   dK  += dS^T Qi        A: dS^T (ldmatrix)    B: Qi, 64 columns (ldmatrix.trans)
 //   dQi += dS Kj          as above
 // 608 KiB of ldmatrix a pass instead of 736 (docs/results/tuning_07/
-// README.md, round 9), for 16 KiB more stored and a second barrier a pass.
+// README.md, round 9), for 16 KiB more stored and a second barrier a pass
+// (the deterministic kernel: 448 instead of 640, for 32 KiB stored and a
+// second barrier).
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
@@ -73,7 +75,8 @@
 // block i's dQ step runs after block i + 1's one barrier, beside its
 // products: one block barrier per Q block (dkdv_block proves the order
 // race-free); at d = 64 and 128 one dS tile and a second barrier (ds_tiles),
-// at d = 128 beside a P^T tile (pt_tiles). With 1-D warp tiles a warp
+// at d = 128 beside a P^T tile (pt_tiles; the deterministic kernel has both
+// tiles at d = 128 and none elsewhere). With 1-D warp tiles a warp
 // computes S^T and dP^T for all 64 queries of the Q block at once in the
 // atomic kernel at d = 256, reading its Kw and Vw fragments once a Q block,
 // and for 32 at a time elsewhere, which keeps their accumulators beside
@@ -141,10 +144,11 @@ struct BackwardConfig {
   static constexpr int kDQCols = kHeadDim * kDQRowGroups / kWarps;  // dQ columns per warp
 
   // Shared memory: Kj, Vj; two buffers of Qi and dOi; two buffers of L and
-  // D (fp32); then, in the atomic variant only, kDSTiles dS tiles
-  // (ds_tiles says why one or two) and kPTTiles P^T tiles (one with the 2-D
-  // warp tiles of d = 128, warp_tile_2d). The deterministic variant has no
-  // dQ step and neither tile.
+  // D (fp32); then the dS^T and P^T tiles: in the atomic variant kDSTiles
+  // dS tiles (ds_tiles says why one or two) and kPTTiles P^T tiles (one
+  // with the 2-D warp tiles of d = 128, warp_tile_2d); in the deterministic
+  // variant, which has no dQ step, one of each with the 2-D warp tiles (for
+  // dK and dV) and none without.
   static constexpr int kDSTiles = ds_tiles(kHeadDim);
   static constexpr int kPTTiles = pt_tiles(kHeadDim);
   static constexpr int kKVElems = kBc * kHeadDim;
@@ -152,7 +156,7 @@ struct BackwardConfig {
   static constexpr int kDSElems = kBr * kBc;
   static constexpr int kRowFloats = 2 * 2 * kBr;  // L and D, two buffers each
   static constexpr int smem_bytes(bool atomic_dq) {
-    const int score_tiles = atomic_dq ? kDSTiles + kPTTiles : 0;
+    const int score_tiles = atomic_dq ? kDSTiles + kPTTiles : 2 * kPTTiles;
     return (2 * kKVElems + 4 * kQElems + score_tiles * kDSElems) * 2 + kRowFloats * 4;
   }
   static_assert(smem_bytes(true) <= kMaxSmemBytesPerBlock,
@@ -564,7 +568,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   Elem* dObuf = Qbuf + 2 * C::kQElems;       // 2 x [Br][kHeadDim]
   float* Lbuf = reinterpret_cast<float*>(dObuf + 2 * C::kQElems);  // 2 x [Br]
   float* Dbuf = Lbuf + 2 * kBr;                                     // 2 x [Br]
-  // kDSTiles x [Bc][Br]: dS_ij^T, keys as rows (atomic variant only)
+  // kDSTiles x [Bc][Br]: dS_ij^T, keys as rows (atomic variant, and 2-D
+  // warp tiles)
   Elem* dSbuf = reinterpret_cast<Elem*>(Dbuf + 2 * kBr);
   // kPTTiles x [Bc][Br]: P_ij^T, keys as rows (2-D warp tiles only)
   Elem* PT = dSbuf + C::kDSTiles * C::kDSElems;
@@ -574,11 +579,11 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // 1-D warp tiles: queries per slice of S^T and dP^T, and their n8 tiles.
   constexpr int kQSlice = q_slice(C::kHeadDim, kAtomicDQ);
   constexpr int kQTiles = kQSlice / kMmaN;
-  // 2-D warp tiles (warp_tile_2d: the atomic kernel at d = 128), or 1-D
-  // ones (a key group of 16 keys a warp, all d / kDSplit columns).
-  constexpr bool k2D = warp_tile_2d(C::kHeadDim, kAtomicDQ);
+  // 2-D warp tiles (warp_tile_2d: d = 128), or 1-D ones (a key group of 16
+  // keys a warp, all d / kDSplit columns).
+  constexpr bool k2D = warp_tile_2d(C::kHeadDim);
   static_assert(!k2D || (kTileKeyWarps * kTileSideWarps == C::kWarps && !kDeferDQ &&
-                         C::kPTTiles == 1 && C::kDSplit == 1),
+                         C::kDSTiles == 1 && C::kPTTiles == 1 && C::kDSplit == 1),
                 "2-D tiles: every warp one tile, one dS tile, one P^T tile, no d split");
   // A warp's m16 tiles of keys (of S^T, dP^T, dK_j and dV_j alike), and the
   // n8 tiles of its columns of dK_j and dV_j.
@@ -681,8 +686,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // its products behind a second barrier (the whole tile written before any
   // warp reads it), and barrier k + 1 keeps the next products from
   // rewriting the tile before every warp has read it. With the 2-D warp
-  // tiles (d = 128), P^T and dS^T both, and dV, dK follow that second
-  // barrier beside the dQ step; see below the list. The pass of pair k,
+  // tiles (d = 128, both variants), P^T and dS^T both, and dV, dK follow
+  // that second barrier (beside the atomic variant's dQ step); see below
+  // the list. The pass of pair k,
   // with two tiles, b = left % 2 and b' = 1 - b:
   //   after barrier k:  copies into Qi, dOi, L, D [b'] start (pair k + 1);
   //                     the dQ step of pair k - 1 reads dS [b'] and Kj;
@@ -713,8 +719,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   //                     and dS^T;
   //   after barrier k': dV += P^T dOi and dK += dS^T Qi read P^T, dS^T and
   //                     Qi, dOi [b], each warp 32 keys x all 64 queries of
-  //                     P^T, dS^T (other warps' tiles too); the dQ step
-  //                     reads dS^T and Kj.
+  //                     P^T, dS^T (other warps' tiles too); the atomic
+  //                     variant's dQ step reads dS^T and Kj.
   // - P^T, dS^T: written before barrier k', so whole when read after it;
   //   rewritten by pair k + 1 after barrier k + 1, which every warp reaches
   //   after its reads of pair k.
@@ -806,7 +812,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
                                                               dOi + col0, at_bv);  // line 12
       product_ab_2d<Elem, C::kHeadDim, kKeyTiles, kGradTiles>(dK, dS, key_row0, at_ps,
                                                               Qi + col0, at_bv);   // line 16
-      dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
+      if constexpr (kAtomicDQ) dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
     } else {
       // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
       // atomic kernel at d = 256, else 32): S^T and dP^T of one slice at a

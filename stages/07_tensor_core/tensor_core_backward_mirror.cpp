@@ -9,7 +9,7 @@
 // tensor cores' order differs only by fp32 rounding (and the atomic
 // kernel, at d = 256, adds a Q block's dQ one pass of its loop later,
 // from a second dS tile: the same terms, in whatever order the atomics
-// land). The atomic kernel's 2-D warp tiles at d = 128 round P^T and dS^T
+// land). The (dK, dV) kernels' 2-D warp tiles at d = 128 round P^T and dS^T
 // to p.dtype in shared memory where the 1-D ones round them in registers:
 // the same roundings of the same values, as here.
 #include <algorithm>
