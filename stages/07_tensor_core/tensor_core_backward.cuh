@@ -681,15 +681,15 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // One block barrier per pair with two dS tiles (kDeferDQ). The atomic
   // variant's dQ step of a pair then runs in the next pair's pass, from the
   // other dS tile, so that the barrier that hands that pass its Q block also
-  // hands it the finished dS tile. With one tile (d = 64 and 128, and the
-  // deterministic variant, which has no dQ step) a pair's dQ step follows
-  // its products behind a second barrier (the whole tile written before any
-  // warp reads it), and barrier k + 1 keeps the next products from
-  // rewriting the tile before every warp has read it. With the 2-D warp
-  // tiles (d = 128, both variants), P^T and dS^T both, and dV, dK follow
-  // that second barrier (beside the atomic variant's dQ step); see below
-  // the list. The pass of pair k,
-  // with two tiles, b = left % 2 and b' = 1 - b:
+  // hands it the finished dS tile. With one tile (d = 64 and 128) a pair's
+  // dQ step follows its products behind a second barrier (the whole tile
+  // written before any warp reads it), and barrier k + 1 keeps the next
+  // products from rewriting the tile before every warp has read it. The
+  // deterministic variant has no dQ step, and no dS tile but at d = 128.
+  // With the 2-D warp tiles (d = 128, both variants) P^T and dS^T both
+  // cross that second barrier, to dV and dK (and the atomic variant's dQ
+  // step): the second list below. The pass of pair k, with two tiles,
+  // b = left % 2 and b' = 1 - b:
   //   after barrier k:  copies into Qi, dOi, L, D [b'] start (pair k + 1);
   //                     the dQ step of pair k - 1 reads dS [b'] and Kj;
   //                     the products of pair k read Qi, dOi, L, D [b], Kj,
@@ -722,8 +722,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   //                     P^T, dS^T (other warps' tiles too); the atomic
   //                     variant's dQ step reads dS^T and Kj.
   // - P^T, dS^T: written before barrier k', so whole when read after it;
-  //   rewritten by pair k + 1 after barrier k + 1, which every warp reaches
-  //   after its reads of pair k.
+  //   rewritten by pair k + 1 after barrier k + 1 (after the last pair, by
+  //   the next K/V head's after the barrier below the loop), which every
+  //   warp reaches after its reads of pair k.
   // - Qi, dOi, L, D [b], [b'], Kj, Vj: as with two dS tiles (their readers
   //   in pass k, before and after barrier k', all precede barrier k + 1).
   for (; left > 0; --left) {
