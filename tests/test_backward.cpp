@@ -341,18 +341,26 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
 }
 
 TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
-  // From d = 128 the atomic variant's dS tile is double-buffered: a pair's
+  // At d = 256 the atomic variant's dS tile is double-buffered: a pair's
   // dQ step runs behind the next pair's barrier, the last pair's behind one
   // of its own, then one before the tiles are reused (n + 2 a thread block
-  // of n pairs). At d = 64, one tile: two a pair, then one (2 n + 1). The
-  // deterministic (dK, dV) kernel has no dQ step (n + 1), its dQ kernel one
+  // of n pairs). At d = 64 and 128, one tile: two a pair, then one
+  // (2 n + 1); at d = 128 the second barrier of a pair also hands the 2-D
+  // warp tiles' P^T to dV. The deterministic (dK, dV) kernel has no dQ step
+  // (n + 1; 2 n + 1 with the 2-D warp tiles of d = 128), its dQ kernel one
   // per K/V block and one at its end.
   const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
   const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
   namespace bwd = flashstep::tensor_core::bwd;
   CHECK(bwd::ds_tiles(64) == 1);
-  CHECK(bwd::ds_tiles(128) == 2);
+  CHECK(bwd::ds_tiles(128) == 1);
   CHECK(bwd::ds_tiles(256) == 2);
+  CHECK(bwd::pt_tiles(64) == 0);
+  CHECK(bwd::pt_tiles(128) == 1);
+  CHECK(bwd::pt_tiles(256) == 0);
+  CHECK(bwd::warp_tile_2d(128));
+  CHECK_FALSE(bwd::warp_tile_2d(64));
+  CHECK_FALSE(bwd::warp_tile_2d(256));
   // N = 256, d = 64: 4 K/V blocks of 64 keys, 4 Q blocks of 64 rows.
   Problem p = make_problem(1, 1, 256, 256, 64, false);
   p.dtype = flashstep::DType::kBf16;
@@ -373,41 +381,65 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   p.H_kv = 1;
   p.dtype = flashstep::DType::kBf16;
   CHECK(atomic->backward_model(p).barriers == 4 * (2 * 16 + 1));
-  // d = 128, two dS tiles: 2 K/V blocks of 128 keys.
+  // d = 128, one dS tile and the 2-D warp tiles: 2 K/V blocks of 128 keys.
   p = make_problem(1, 1, 256, 256, 128, false);
   p.dtype = flashstep::DType::kBf16;
-  CHECK(atomic->backward_model(p).barriers == 2 * (4 + 2));
+  CHECK(atomic->backward_model(p).barriers == 2 * (2 * 4 + 1));
+  // The dQ kernel: 4 Q blocks of 4 K/V blocks of 64 keys each.
+  CHECK(deterministic->backward_model(p).barriers == 2 * (2 * 4 + 1) + 4 * (4 + 1));
+  // d = 256, two dS tiles: 4 K/V blocks of 64 keys.
+  p = make_problem(1, 1, 256, 256, 256, false);
+  p.dtype = flashstep::DType::kBf16;
+  CHECK(atomic->backward_model(p).barriers == 4 * (4 + 2));
 }
 
 TEST_CASE("stage 07's atomic (dK, dV) kernel: shared-memory reads of one pass, product by product") {
   // One Q block of 64 rows against one K/V block (64 keys at d = 64, 128 at
   // d = 128): the bytes the warps' ldmatrix read, product by product, as
-  // docs/results/tuning_07/README.md (round 8) counts them against
-  // FlashAttention-2's, plus L and D read once per key group per row.
+  // docs/results/tuning_07/README.md (rounds 8 and 9) counts them against
+  // FlashAttention-2's, plus L and D read once per warp that reads a row's
+  // scores (a key group with 1-D warp tiles, a key range with 2-D ones).
   const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
   namespace bwd = flashstep::tensor_core::bwd;
   constexpr std::int64_t e = 2;  // bf16
   for (const std::int64_t d : {64, 128}) {
     const int bucket = static_cast<int>(d);
     const std::int64_t W = bwd::warps(bucket), Bc = bwd::block_keys(bucket), Br = bwd::kBr;
-    const std::int64_t slices = Br / bwd::q_slice(bucket, true);
+    const bool tile_2d = bwd::warp_tile_2d(bucket);
+    CHECK(tile_2d == (d == 128));
     Problem p = make_problem(1, 1, Br, Bc, d, false);
     p.dtype = flashstep::DType::kBf16;
-    // S^T and dP^T: each warp its 16 keys of Kj (Vj) once per query slice
-    // and all of Qi (dOi).
-    const std::int64_t s_or_dp = W * (slices * 16 + Br) * d * e;
-    // dV and dK: A from registers; each warp all of dOi (Qi), its columns.
-    const std::int64_t dv_or_dk = W * Br * d * e;
+    std::int64_t s_or_dp = 0, dv_or_dk = 0, l_and_d = 0;
+    if (tile_2d) {
+      // S^T and dP^T: each warp its 32 keys of Kj (Vj) and 32 queries of Qi
+      // (dOi), kTileKeyWarps x kTileSideWarps warps.
+      CHECK(bwd::kTileKeyWarps * bwd::kTileSideWarps == W);
+      s_or_dp = W * (32 + 32) * d * e;
+      // dV and dK: each warp its 32 keys of P^T (dS^T) over the 64 queries
+      // and 64 queries x 64 columns of dOi (Qi).
+      dv_or_dk = W * (32 * Br + Br * 64) * e;
+      l_and_d = Br * bwd::kTileKeyWarps * 2 * 4;
+    } else {
+      // S^T and dP^T: each warp its 16 keys of Kj (Vj) once per query slice
+      // and all of Qi (dOi).
+      const std::int64_t slices = Br / bwd::q_slice(bucket, true);
+      CHECK(slices == 2);
+      s_or_dp = W * (slices * 16 + Br) * d * e;
+      // dV and dK: A from registers; each warp all of dOi (Qi), its columns.
+      dv_or_dk = W * Br * d * e;
+      l_and_d = Br * bwd::key_groups(bucket) * 2 * 4;
+    }
     // dQ: each row group of 16 reads its dS rows once per chunk and all of Kj.
     const std::int64_t dq = (d / bwd::kDQChunk) * Br * Bc * e + bwd::kDQRowGroups * Bc * d * e;
-    const std::int64_t l_and_d = Br * bwd::key_groups(bucket) * 2 * 4;
     CHECK(atomic->backward_model(p).sram_read_bytes ==
           2 * s_or_dp + 2 * dv_or_dk + dq + l_and_d);
     // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 and a 64 x 128
     // one at d = 128; this kernel 200 KiB a 64 x 64 pass (800 KiB a 128 x
-    // 128 area) and 736 KiB a 64 x 128 pass (one query slice at d = 128).
-    CHECK(slices == (d == 64 ? 2 : 1));
-    CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 200 : 736) * 1024);
+    // 128 area) and, with its 2-D warp tiles, 608 KiB a 64 x 128 pass at
+    // d = 128 (S^T, dP^T 128 each, dV, dK 96, dQ 160).
+    CHECK(s_or_dp == (d == 64 ? 48 : 128) * 1024);
+    CHECK(dv_or_dk == (d == 64 ? 32 : 96) * 1024);
+    CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 200 : 608) * 1024);
   }
 }
 

@@ -51,14 +51,34 @@
 // ldmatrix.trans, which transposes on the way (load_a_transposed). Written
 // as dS (queries as rows) the tile took twice the stores, 16-bit ones.
 //
+// At d = 128 dkdv_kernel (atomic or not) tiles the same products in two
+// dimensions instead, as FlashAttention-2 does (warp_tile_2d in
+// tensor_core_backward_tiles.h): warp w computes S^T and dP^T for 32 keys
+// (w % 4) x 32 queries (w / 4), which reads 32 + 32 rows of the operands
+// where 16 keys x 64 queries read 16 + 64 for as many scores, and stores
+// P^T and dS^T (rounded) to shared memory; after a barrier it accumulates
+// dV_j, dK_j for the same 32 keys x 64 columns (w / 4), its A fragments
+// (32 keys x all 64 queries of P^T, dS^T) by ldmatrix from those tiles:
+//   S^T  = Kw Qw^T        A: Kw (ldmatrix)      B: Qw, 32 queries (ldmatrix)
+//   dP^T = Vw dOw^T       A: Vw (ldmatrix)      B: dOw, 32 queries (ldmatrix)
+//   dV  += P^T dOi        A: P^T (ldmatrix)     B: dOi, 64 columns (ldmatrix.trans)
+//   dK  += dS^T Qi        A: dS^T (ldmatrix)    B: Qi, 64 columns (ldmatrix.trans)
+//   dQi += dS Kj          as above
+// 608 KiB of ldmatrix a pass instead of 736 (docs/results/tuning_07/
+// README.md, round 9), for 16 KiB more stored and a second barrier a pass
+// (the deterministic kernel: 448 instead of 640, for 32 KiB stored and a
+// second barrier).
+//
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
-// from d = 128 the dS tile double-buffered too (atomic variant), so that
+// at d = 256 the dS tile double-buffered too (atomic variant), so that
 // block i's dQ step runs after block i + 1's one barrier, beside its
 // products: one block barrier per Q block (dkdv_block proves the order
-// race-free); at d = 64 one dS tile and a second barrier (ds_tiles). A warp
+// race-free); at d = 64 and 128 one dS tile and a second barrier (ds_tiles),
+// at d = 128 beside a P^T tile (pt_tiles; the deterministic kernel has both
+// tiles at d = 128 and none elsewhere). With 1-D warp tiles a warp
 // computes S^T and dP^T for all 64 queries of the Q block at once in the
-// atomic kernel from d = 128, reading its Kw and Vw fragments once a Q block,
+// atomic kernel at d = 256, reading its Kw and Vw fragments once a Q block,
 // and for 32 at a time elsewhere, which keeps their accumulators beside
 // dK_j's and dV_j's within the registers (q_slice in
 // tensor_core_backward_tiles.h). All tiles but L and D in the
@@ -124,20 +144,23 @@ struct BackwardConfig {
   static constexpr int kDQCols = kHeadDim * kDQRowGroups / kWarps;  // dQ columns per warp
 
   // Shared memory: Kj, Vj; two buffers of Qi and dOi; two buffers of L and
-  // D (fp32); then, in the atomic variant only, kDSTiles dS tiles
-  // (ds_tiles says why one or two). The deterministic variant has no dQ step
-  // and no dS tile.
+  // D (fp32); then the dS^T and P^T tiles: in the atomic variant kDSTiles
+  // dS tiles (ds_tiles says why one or two) and kPTTiles P^T tiles (one
+  // with the 2-D warp tiles of d = 128, warp_tile_2d); in the deterministic
+  // variant, which has no dQ step, one of each with the 2-D warp tiles (for
+  // dK and dV) and none without.
   static constexpr int kDSTiles = ds_tiles(kHeadDim);
+  static constexpr int kPTTiles = pt_tiles(kHeadDim);
   static constexpr int kKVElems = kBc * kHeadDim;
   static constexpr int kQElems = kBr * kHeadDim;
   static constexpr int kDSElems = kBr * kBc;
   static constexpr int kRowFloats = 2 * 2 * kBr;  // L and D, two buffers each
   static constexpr int smem_bytes(bool atomic_dq) {
-    return (2 * kKVElems + 4 * kQElems + (atomic_dq ? kDSTiles * kDSElems : 0)) * 2 +
-           kRowFloats * 4;
+    const int score_tiles = atomic_dq ? kDSTiles + kPTTiles : 2 * kPTTiles;
+    return (2 * kKVElems + 4 * kQElems + score_tiles * kDSElems) * 2 + kRowFloats * 4;
   }
   static_assert(smem_bytes(true) <= kMaxSmemBytesPerBlock,
-                "the dS tiles fit beside the other tiles in every bucket");
+                "the dS and P^T tiles fit beside the other tiles in every bucket");
 
   static_assert(kBr == kDQRowGroups * kMmaM && kWarps % kDQRowGroups == 0,
                 "in the dQ step each row group's warps take 16 query rows");
@@ -285,6 +308,102 @@ __device__ inline void product_ab(float (&acc)[kOutTiles][4], const float (&in)[
       const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
       sm80::mma_m16n8k16<Elem>(acc[2 * np], a, b_lo);
       sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a, b_hi);
+    }
+  }
+}
+
+/// The 2-D warp tile of a product A B^T (warp_tile_2d): acc[kRowTiles m16
+/// tiles x kTiles n8 tiles] = rows row0 .. row0 + 16 kRowTiles - 1 of tile A
+/// times the first 8 kTiles rows of tile B, transposed, over the k16 steps of
+/// kHeadDim; both tiles [rows][kHeadDim], both operands by ldmatrix. Each k16
+/// step loads A's fragments once for all n8 tiles and B's once for all m16
+/// tiles: 32 keys x 32 queries read 32 + 32 rows, where a 16 x 64 tile read
+/// 16 + 64. S^T = Kw Qw^T and dP^T = Vw dOw^T of the atomic kernel at d = 128.
+template <typename Elem, int kHeadDim, int kRowTiles, int kTiles>
+__device__ inline void product_abt_2d(float (&acc)[kRowTiles][kTiles][4], const Elem* A,
+                                      const Elem* B, int row0, const LaneOffsets<kHeadDim>& at_a,
+                                      const LaneOffsets<kHeadDim>& at_bk) {
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) {
+    std::uint32_t a[kRowTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kRowTiles; ++mt) {
+      load_a<Elem, kHeadDim, true>(a[mt], A, at_a, row0 + mt * kMmaM, ks * kMmaK);
+    }
+#pragma unroll
+    for (int np = 0; np < kTiles / 2; ++np) {
+      std::uint32_t b[4];
+      load_b_k<Elem, kHeadDim, true>(b, B, at_bk, np * 2 * kMmaN, ks * kMmaK);
+      const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < kRowTiles; ++mt) {
+        sm80::mma_m16n8k16<Elem>(acc[mt][2 * np], a[mt], b_lo);
+        sm80::mma_m16n8k16<Elem>(acc[mt][2 * np + 1], a[mt], b_hi);
+      }
+    }
+  }
+}
+
+/// The 2-D warp tile of a product A B (warp_tile_2d): acc[kRowTiles m16 tiles
+/// x kOutTiles n8 tiles] += rows row0 .. of tile A, [Bc][kBr] (P^T or dS^T
+/// as the score step stored them: keys as rows, the kBr queries as the k
+/// depth; ldmatrix), times B, [kBr][kHeadDim] from column 0 of the pointer
+/// (dOi or Qi from the warp's first column: ldmatrix.trans). dV += P^T dOi
+/// and dK += dS^T Qi of the atomic kernel at d = 128: 32 keys x 64 columns
+/// read 32 rows of A and 64 x 64 of B, where 16 x 128 read all of B.
+template <typename Elem, int kHeadDim, int kRowTiles, int kOutTiles>
+__device__ inline void product_ab_2d(float (&acc)[kRowTiles][kOutTiles][4], const Elem* A,
+                                     int row0, const LaneOffsets<kBr>& at_a, const Elem* B,
+                                     const LaneOffsets<kHeadDim>& at_bv) {
+#pragma unroll
+  for (int kk = 0; kk < kBr / kMmaK; ++kk) {
+    std::uint32_t a[kRowTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kRowTiles; ++mt) {
+      load_a<Elem, kBr, true>(a[mt], A, at_a, row0 + mt * kMmaM, kk * kMmaK);
+    }
+#pragma unroll
+    for (int np = 0; np < kOutTiles / 2; ++np) {
+      std::uint32_t b[4];
+      load_b_v<Elem, kHeadDim, true>(b, B, at_bv, kk * kMmaK, np * 2 * kMmaN);
+      const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < kRowTiles; ++mt) {
+        sm80::mma_m16n8k16<Elem>(acc[mt][2 * np], a[mt], b_lo);
+        sm80::mma_m16n8k16<Elem>(acc[mt][2 * np + 1], a[mt], b_hi);
+      }
+    }
+  }
+}
+
+/// Stores a warp's kRowTiles x kTiles accumulators of a transposed score
+/// tile (keys as rows from key_row0, queries as columns from q_col0: P^T or
+/// dS^T), rounded to Elem, into a [Bc][kBr] tile, as the registers hold
+/// them: a lane's two neighbouring queries are one 32-bit store.
+template <typename Elem, int kRowTiles, int kTiles>
+__device__ inline void store_scores_transposed(Elem* tile, const float (&acc)[kRowTiles][kTiles][4],
+                                               int key_row0, int q_col0) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // keys g and g + 8, two neighbouring queries each
+        const int key = key_row0 + mt * kMmaM + g + 8 * h;
+        const int q = q_col0 + nt * kMmaN + 2 * t;
+        *reinterpret_cast<std::uint32_t*>(tile + tile_offset<kBr, true>(key, q)) =
+            sm80::pack2<Elem>(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      }
     }
   }
 }
@@ -449,50 +568,88 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   Elem* dObuf = Qbuf + 2 * C::kQElems;       // 2 x [Br][kHeadDim]
   float* Lbuf = reinterpret_cast<float*>(dObuf + 2 * C::kQElems);  // 2 x [Br]
   float* Dbuf = Lbuf + 2 * kBr;                                     // 2 x [Br]
-  // kDSTiles x [Bc][Br]: dS_ij^T, keys as rows (atomic variant only)
+  // kDSTiles x [Bc][Br]: dS_ij^T, keys as rows (atomic variant, and 2-D
+  // warp tiles)
   Elem* dSbuf = reinterpret_cast<Elem*>(Dbuf + 2 * kBr);
+  // kPTTiles x [Bc][Br]: P_ij^T, keys as rows (2-D warp tiles only)
+  Elem* PT = dSbuf + C::kDSTiles * C::kDSElems;
   // Whether a pair's dQ step waits for the next pair's pass (two dS tiles)
   // or follows its products behind a barrier of its own (one).
   constexpr bool kDeferDQ = kAtomicDQ && C::kDSTiles == 2;
-  // Queries per slice of S^T and dP^T, and their n8 tiles.
+  // 1-D warp tiles: queries per slice of S^T and dP^T, and their n8 tiles.
   constexpr int kQSlice = q_slice(C::kHeadDim, kAtomicDQ);
   constexpr int kQTiles = kQSlice / kMmaN;
+  // 2-D warp tiles (warp_tile_2d: d = 128), or 1-D ones (a key group of 16
+  // keys a warp, all d / kDSplit columns).
+  constexpr bool k2D = warp_tile_2d(C::kHeadDim);
+  static_assert(!k2D || (kTileKeyWarps * kTileSideWarps == C::kWarps && !kDeferDQ &&
+                         C::kDSTiles == 1 && C::kPTTiles == 1 && C::kDSplit == 1),
+                "2-D tiles: every warp one tile, one dS tile, one P^T tile, no d split");
+  // A warp's m16 tiles of keys (of S^T, dP^T, dK_j and dV_j alike), and the
+  // n8 tiles of its columns of dK_j and dV_j.
+  constexpr int kKeyTiles = k2D ? kBc / kTileKeyWarps / kMmaM : 1;
+  constexpr int kGradTiles = k2D ? C::kHeadDim / kTileSideWarps / kMmaN : C::kColTiles;
+  // 2-D tiles: the n8 tiles of a warp's queries of S^T and dP^T.
+  constexpr int kTileQTiles = kBr / kTileSideWarps / kMmaN;
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  const int key_row0 = warp % C::kKeyGroups * kMmaM;  // this warp's 16 keys of Kj, Vj
-  const int col0 = C::kDSplit == 1 ? 0 : warp / C::kKeyGroups * C::kWarpCols;  // its columns of dK_j, dV_j
-  // col0 (0 or 128 at d = 256) is a runtime value and a whole number of
-  // swizzle spans: the dV and dK products take it on the tile's pointer, so
-  // that the columns they pass to their lane table (at_bv) stay compile-time
-  // constants. Passed as a column it indexed the table at run time, and
-  // ptxas put the table in local memory: six local loads every query slice.
-  static_assert(C::kWarpCols % sm80::kSwizzleSpan == 0, "col0 moves by whole swizzle spans");
+  // This warp's first key of Kj, Vj (16 kKeyTiles keys) and first column of
+  // dK_j, dV_j (8 kGradTiles columns): warp w is key group w % kKeyGroups
+  // (1-D) or takes keys by w % kTileKeyWarps and columns by w /
+  // kTileKeyWarps (2-D).
+  const int key_row0 =
+      (k2D ? warp % kTileKeyWarps : warp % C::kKeyGroups) * kKeyTiles * kMmaM;
+  const int col0 = k2D              ? warp / kTileKeyWarps * kGradTiles * kMmaN
+                   : C::kDSplit == 1 ? 0
+                                     : warp / C::kKeyGroups * C::kWarpCols;
+  // col0 (64 at d = 128, 0 or 128 at d = 256) is a runtime value and a whole
+  // number of swizzle spans: the dV and dK products take it on the tile's
+  // pointer, so that the columns they pass to their lane table (at_bv) stay
+  // compile-time constants. Passed as a column it indexed the table at run
+  // time, and ptxas put the table in local memory: six local loads every
+  // query slice.
+  static_assert(C::kWarpCols % sm80::kSwizzleSpan == 0 &&
+                    kGradTiles * kMmaN % sm80::kSwizzleSpan == 0,
+                "col0 moves by whole swizzle spans");
   const int key0 = j * kBc;
   const int keys_valid = min(kBc, p.Nk - key0);
   Elem* dKh = p.dK + kv * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
   Elem* dVh = p.dV + kv * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
 
-  float dK[C::kColTiles][4], dV[C::kColTiles][4];
+  float dK[kKeyTiles][kGradTiles][4], dV[kKeyTiles][kGradTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < C::kColTiles; ++nt) {
+  for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dK[nt][e] = dV[nt][e] = 0.0f;
+    for (int nt = 0; nt < kGradTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dK[mt][nt][e] = dV[mt][nt][e] = 0.0f;
+    }
   }
+  // Lines 18-19: dK_j = scale dS^T Q summed (over the group's heads too),
+  // dV_j as summed, the warp's m16 tiles of keys one by one.
+  auto store_dk_dv = [&](float dk_scale) {
+#pragma unroll
+    for (int mt = 0; mt < kKeyTiles; ++mt) {
+      const int row0 = key_row0 + mt * kMmaM;
+      store_rows<Elem, kGradTiles>(dKh, dK[mt], row0, col0, keys_valid, p.d, dk_scale);
+      store_rows<Elem, kGradTiles>(dVh, dV[mt], row0, col0, keys_valid, p.d, 1.0f);
+    }
+  };
 
   // The Q blocks above the first row that sees key0 are skipped, in every
   // query head of the group alike. Keys no row sees (causal, Nq < Nk) get
   // dK = dV = 0.
   const std::int64_t row_first = first_row(key0, p.Nq, p.Nk, p.causal);
   if (row_first >= p.Nq) {
-    store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, 0.0f);
-    store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 0.0f);
+    store_dk_dv(0.0f);  // dK and dV are still 0
     return;
   }
   const int q_first = static_cast<int>(row_first / kBr * kBr);  // the first Q block's first row
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
+  const LaneOffsets<kBr> at_ps(a_point(lane));  // A fragments of P^T, dS^T (2-D tiles)
 
   load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(              // line 6
       Kj, p.K + (kv * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
@@ -524,12 +681,15 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // One block barrier per pair with two dS tiles (kDeferDQ). The atomic
   // variant's dQ step of a pair then runs in the next pair's pass, from the
   // other dS tile, so that the barrier that hands that pass its Q block also
-  // hands it the finished dS tile. With one tile (d = 64, and the
-  // deterministic variant, which has no dQ step) a pair's dQ step follows
-  // its products behind a second barrier (the whole tile written before any
-  // warp reads it), and barrier k + 1 keeps the next products from
-  // rewriting the tile before every warp has read it. The pass of pair k,
-  // with two tiles, b = left % 2 and b' = 1 - b:
+  // hands it the finished dS tile. With one tile (d = 64 and 128) a pair's
+  // dQ step follows its products behind a second barrier (the whole tile
+  // written before any warp reads it), and barrier k + 1 keeps the next
+  // products from rewriting the tile before every warp has read it. The
+  // deterministic variant has no dQ step, and no dS tile but at d = 128.
+  // With the 2-D warp tiles (d = 128, both variants) P^T and dS^T both
+  // cross that second barrier, to dV and dK (and the atomic variant's dQ
+  // step): the second list below. The pass of pair k, with two tiles,
+  // b = left % 2 and b' = 1 - b:
   //   after barrier k:  copies into Qi, dOi, L, D [b'] start (pair k + 1);
   //                     the dQ step of pair k - 1 reads dS [b'] and Kj;
   //                     the products of pair k read Qi, dOi, L, D [b], Kj,
@@ -551,6 +711,22 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   //   order, and warps need not agree.
   // - Kj, Vj: copied before the loop (committed with pair 0's copies, waited
   //   for before barrier 0) and only read in it.
+  // The pass of pair k with the 2-D warp tiles (one dS tile, one P^T tile,
+  // the second barrier k'):
+  //   after barrier k:  copies into Qi, dOi, L, D [b'] start (pair k + 1);
+  //                     each warp's S^T, dP^T tile reads Qi, dOi, L, D [b],
+  //                     Kj, Vj and writes its 32 keys x 32 queries of P^T
+  //                     and dS^T;
+  //   after barrier k': dV += P^T dOi and dK += dS^T Qi read P^T, dS^T and
+  //                     Qi, dOi [b], each warp 32 keys x all 64 queries of
+  //                     P^T, dS^T (other warps' tiles too); the atomic
+  //                     variant's dQ step reads dS^T and Kj.
+  // - P^T, dS^T: written before barrier k', so whole when read after it;
+  //   rewritten by pair k + 1 after barrier k + 1 (after the last pair, by
+  //   the next K/V head's after the barrier below the loop), which every
+  //   warp reaches after its reads of pair k.
+  // - Qi, dOi, L, D [b], [b'], Kj, Vj: as with two dS tiles (their readers
+  //   in pass k, before and after barrier k', all precede barrier k + 1).
   for (; left > 0; --left) {
     const int buf = left % 2;
     const Elem* Qi = Qbuf + buf * C::kQElems;
@@ -584,65 +760,121 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     const int diag = tile_diag(q0, key0, p.Nq, p.Nk);
     const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
 
-    // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
-    // atomic kernel from d = 128, else 32): S^T and dP^T of one slice at a
-    // time, so that with two slices their accumulators take half the
-    // registers.
-#pragma unroll 1
-    for (int qs = 0; qs < kBr; qs += kQSlice) {
-      float S[kQTiles][4];  // S^T, then P^T: rows keys, columns queries qs ..
-      product_abt<Elem, C::kHeadDim, kQTiles>(S, Kj, Qi + qs * C::kHeadDim, key_row0, at_a,
-                                              at_bk);                        // line 10
+    if constexpr (k2D) {
+      // The warp's 32 keys x 32 queries of S^T and dP^T (kTileSideWarps
+      // warps share a key range, each its half of the queries).
+      const int q_col0 = warp / kTileKeyWarps * kTileQTiles * kMmaN;
+      float S[kKeyTiles][kTileQTiles][4];  // S^T, then P^T
+      product_abt_2d<Elem, C::kHeadDim, kKeyTiles, kTileQTiles>(
+          S, Kj, Qi + q_col0 * C::kHeadDim, key_row0, at_a, at_bk);              // line 10
+      float dP[kKeyTiles][kTileQTiles][4];  // dP^T, then dS^T
+      product_abt_2d<Elem, C::kHeadDim, kKeyTiles, kTileQTiles>(
+          dP, Vj, dOi + q_col0 * C::kHeadDim, key_row0, at_a, at_bk);            // line 13
 #pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {                                 // line 11
+      for (int mt = 0; mt < kKeyTiles; ++mt) {                                    // line 11
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q = qs + nt * kMmaN + 2 * t + e % 2;
-          S[nt][e] = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Ls[q]));
+        for (int nt = 0; nt < kTileQTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int q = q_col0 + nt * kMmaN + 2 * t + e % 2;
+            S[mt][nt][e] = sm80::fast_exp2(fmaf(S[mt][nt][e], p.scale_log2, -Ls[q]));
+          }
         }
       }
       if (!whole) {  // a tile on the diagonal or past Nk: its hidden pairs' P is 0
 #pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt) {
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kTileQTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = key_row0 + mt * kMmaM + g + 8 * (e / 2);
+              const int q = q_col0 + nt * kMmaN + 2 * t + e % 2;
+              if (!visible(key, q, keys_valid, p.causal, diag)) S[mt][nt][e] = 0.0f;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kKeyTiles; ++mt) {                                    // line 14
+#pragma unroll
+        for (int nt = 0; nt < kTileQTiles; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int key = key_row0 + g + 8 * (e / 2);
+            const int q = q_col0 + nt * kMmaN + 2 * t + e % 2;
+            dP[mt][nt][e] = S[mt][nt][e] * (dP[mt][nt][e] - Ds[q]);
+          }
+        }
+      }
+      store_scores_transposed<Elem>(PT, S, key_row0, q_col0);
+      store_scores_transposed<Elem>(dS, dP, key_row0, q_col0);                   // line 15
+      __syncthreads();  // barrier k': the whole P^T and dS^T tiles are in
+      product_ab_2d<Elem, C::kHeadDim, kKeyTiles, kGradTiles>(dV, PT, key_row0, at_ps,
+                                                              dOi + col0, at_bv);  // line 12
+      product_ab_2d<Elem, C::kHeadDim, kKeyTiles, kGradTiles>(dK, dS, key_row0, at_ps,
+                                                              Qi + col0, at_bv);   // line 16
+      if constexpr (kAtomicDQ) dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
+    } else {
+      // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
+      // atomic kernel at d = 256, else 32): S^T and dP^T of one slice at a
+      // time, so that with two slices their accumulators take half the
+      // registers.
+#pragma unroll 1
+      for (int qs = 0; qs < kBr; qs += kQSlice) {
+        float S[kQTiles][4];  // S^T, then P^T: rows keys, columns queries qs ..
+        product_abt<Elem, C::kHeadDim, kQTiles>(S, Kj, Qi + qs * C::kHeadDim, key_row0, at_a,
+                                                at_bk);                        // line 10
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; ++nt) {                                 // line 11
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
             const int q = qs + nt * kMmaN + 2 * t + e % 2;
-            if (!visible(key, q, keys_valid, p.causal, diag)) S[nt][e] = 0.0f;
+            S[nt][e] = sm80::fast_exp2(fmaf(S[nt][e], p.scale_log2, -Ls[q]));
+          }
+        }
+        if (!whole) {  // a tile on the diagonal or past Nk: its hidden pairs' P is 0
+#pragma unroll
+          for (int nt = 0; nt < kQTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = key_row0 + g + 8 * (e / 2);
+              const int q = qs + nt * kMmaN + 2 * t + e % 2;
+              if (!visible(key, q, keys_valid, p.causal, diag)) S[nt][e] = 0.0f;
+            }
+          }
+        }
+        product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(
+            dV[0], S, dOi + qs * C::kHeadDim + col0, 0, at_bv);  // line 12
+        float dP[kQTiles][4];  // dP^T, then dS^T
+        product_abt<Elem, C::kHeadDim, kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
+                                                at_bk);                        // line 13
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; ++nt) {                                 // line 14
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
+          }
+        }
+        product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(
+            dK[0], dP, Qi + qs * C::kHeadDim + col0, 0, at_bv);  // line 16
+        if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS^T
+#pragma unroll
+          for (int nt = 0; nt < kQTiles; ++nt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // keys g and g + 8, two neighbouring queries each
+              const int key = key_row0 + g + 8 * h;
+              const int q = qs + nt * kMmaN + 2 * t;
+              *reinterpret_cast<std::uint32_t*>(dS + tile_offset<kBr, true>(key, q)) =
+                  sm80::pack2<Elem>(dP[nt][2 * h], dP[nt][2 * h + 1]);
+            }
           }
         }
       }
-      product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(dV, S, dOi + qs * C::kHeadDim + col0,
-                                                           0, at_bv);  // line 12
-      float dP[kQTiles][4];  // dP^T, then dS^T
-      product_abt<Elem, C::kHeadDim, kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
-                                              at_bk);                        // line 13
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {                                 // line 14
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
-        }
-      }
-      product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(dK, dP, Qi + qs * C::kHeadDim + col0,
-                                                           0, at_bv);  // line 16
-      if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS^T
-#pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {  // keys g and g + 8, two neighbouring queries each
-            const int key = key_row0 + g + 8 * h;
-            const int q = qs + nt * kMmaN + 2 * t;
-            *reinterpret_cast<std::uint32_t*>(dS + tile_offset<kBr, true>(key, q)) =
-                sm80::pack2<Elem>(dP[nt][2 * h], dP[nt][2 * h + 1]);
-          }
-        }
-      }
-    }
 
-    if constexpr (kAtomicDQ && !kDeferDQ) {
-      __syncthreads();  // the whole dS tile is in
-      dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
+      if constexpr (kAtomicDQ && !kDeferDQ) {
+        __syncthreads();  // the whole dS tile is in
+        dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
+      }
     }
 
     if (q0 >= p.Nq - kBr) {  // the next pair, as prefetched above
@@ -652,11 +884,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       q0 += kBr;
     }
   }
-  // Lines 18-19: dK_j = scale dS^T Q summed (over the group's heads too),
-  // dV_j as summed. Before the last pair's dQ step (two dS tiles): a warp
-  // done with its products stores them while the others finish theirs.
-  store_rows<Elem, C::kColTiles>(dKh, dK, key_row0, col0, keys_valid, p.d, p.scale);
-  store_rows<Elem, C::kColTiles>(dVh, dV, key_row0, col0, keys_valid, p.d, 1.0f);
+  // Before the last pair's dQ step (two dS tiles): a warp done with its
+  // products stores dK_j and dV_j while the others finish theirs.
+  store_dk_dv(p.scale);
   if constexpr (kDeferDQ) {
     __syncthreads();  // the last pair's dS tile is in: dS [1], as it had left = 1
     dq_step<Elem, C>(p, dSbuf + C::kDSElems, Kj, previous_dq_row(bh, q0, q_first, p.Nq));

@@ -7,9 +7,11 @@
 // that the low-precision rule (common/check.h) can be checked on the CPU
 // against what the GPU will compute. Sums run in a fixed order here; the
 // tensor cores' order differs only by fp32 rounding (and the atomic
-// kernel, from d = 128, adds a Q block's dQ one pass of its loop later,
+// kernel, at d = 256, adds a Q block's dQ one pass of its loop later,
 // from a second dS tile: the same terms, in whatever order the atomics
-// land).
+// land). The (dK, dV) kernels' 2-D warp tiles at d = 128 round P^T and dS^T
+// to p.dtype in shared memory where the 1-D ones round them in registers:
+// the same roundings of the same values, as here.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -19,15 +19,26 @@
 //   too) and of d's columns rounded up to whole chunks of kDQChunk (a warp
 //   skips the chunks past d).
 // - Shared memory writes: Kj, Vj once; Qi, dOi, L, D per visited row; the
-//   atomic variant's dS tile (C_j per row).
+//   atomic variant's dS tile (C_j per row); with 2-D warp tiles
+//   (bwd::warp_tile_2d: d = 128) a P^T tile as much, and the deterministic
+//   variant's dS tile too.
 // - Shared memory reads, as the warps load fragments: per visited row, the
 //   products S^T = K Q^T and dP^T = V dO^T read Qi's and dOi's d columns once
 //   per warp (W = key groups, 8 up to d = 128 and 4 at d = 256, times the d
 //   split) and each warp its own 16 rows of Kj, Vj per slice of q_slice
-//   queries (one slice a Q block in the atomic variant from d = 128; both
+//   queries (one slice a Q block in the atomic variant at d = 256; both
 //   warps of a key group at d = 256); dV += P^T dO and
 //   dK += dS^T Q read dOi and Qi once per key group (each warp its columns);
-//   L and D once per key group; the atomic variant's dQ step reads dS's C_j
+//   L and D once per key group. With 2-D warp tiles (d = 128, both
+//   variants), a warp's S^T, dP^T tile of 32 keys x 32 queries reads its keys of Kj, Vj
+//   and its queries of Qi, dOi, so that per visited row and Q block the
+//   kTileSideWarps warps of a key range read all C_j keys and the
+//   kTileKeyWarps warps of a query range all the rows; its dV, dK tile of 32
+//   keys x 64 columns reads its keys' P^T, dS^T rows over all the Q block's
+//   rows (kTileSideWarps times a row's C_j) and its columns of dOi, Qi
+//   (kTileKeyWarps times a row's d); L and D once per warp whose queries
+//   hold the row (kTileKeyWarps).
+//   Then, in either tiling, the atomic variant's dQ step reads dS's C_j
 //   per row once per chunk of kDQChunk columns (each chunk reloads its
 //   warp's dS fragments; a row's chunks, over the W / 4 warps that share
 //   its columns, cover d rounded up to whole chunks) and Kj's C_j d per Q
@@ -45,12 +56,13 @@
 //   one multiply per element.
 // - Block barriers, summed over thread blocks: a (dK, dV) block meets once
 //   per visited (query head, Q block) pair and once before its tiles are
-//   reused; in the atomic variant with two dS tiles (bwd::ds_tiles) once
-//   more after the pairs, for the last pair's dQ step (each pair's dQ step
-//   runs behind the next pair's barrier), with one tile once more per pair
-//   (between its products and its dQ step); not at all when no row sees
-//   its K/V block. A dQ kernel block meets once per K/V block and once at
-//   its end.
+//   reused; in the atomic variant with two dS tiles (bwd::ds_tiles, d = 256)
+//   once more after the pairs, for the last pair's dQ step (each pair's dQ
+//   step runs behind the next pair's barrier), with one tile once more per
+//   pair (between its products and its dQ step); with 2-D warp tiles, both
+//   variants, once more per pair (between S^T, dP^T and the other
+//   products); not at all when no row sees its K/V block. A dQ kernel
+//   block meets once per K/V block and once at its end.
 #include <algorithm>
 
 #include "tensor_core.h"
@@ -77,7 +89,11 @@ Cost backward_model(const Problem& p) {
   const std::int64_t groups = bwd::key_groups(bucket);
   const std::int64_t Bc = bwd::block_keys(bucket);
   const bool defer_dq = kAtomicDQ && bwd::ds_tiles(bucket) == 2;
-  const std::int64_t barriers_per_pair = kAtomicDQ && !defer_dq ? 2 : 1;
+  const bool tile_2d = bwd::warp_tile_2d(bucket);
+  const std::int64_t barriers_per_pair = (kAtomicDQ && !defer_dq) || tile_2d ? 2 : 1;
+  // 16-bit score tiles a pass stores (C_j per row each): P^T and dS^T with
+  // 2-D warp tiles, else dS^T for the atomic variant's dQ step.
+  const std::int64_t score_stores = tile_2d ? 2 : kAtomicDQ ? 1 : 0;
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
   const std::int64_t slices = bwd::kBr / bwd::q_slice(bucket, kAtomicDQ);
@@ -103,16 +119,23 @@ Cost backward_model(const Problem& p) {
     kv_head.hbm_read_bytes += 2 * C * d * e;  // Kj, Vj
     kv_head.sram_write_bytes += 2 * C * d * e;
     head.hbm_read_bytes += rows * (2 * d * e + 2 * kFloatBytes);
-    head.sram_write_bytes += rows * (2 * d * e + 2 * kFloatBytes);
-    head.sram_read_bytes += rows * (2 * warps + 2 * groups) * d * e +
-                            blocks * slices * 2 * split * C * d * e + rows * groups * 2 * kFloatBytes;
+    head.sram_write_bytes += rows * (2 * d * e + 2 * kFloatBytes) + score_stores * rows * C * e;
+    if (tile_2d) {
+      const std::int64_t key_warps = bwd::kTileKeyWarps, side_warps = bwd::kTileSideWarps;
+      head.sram_read_bytes += 2 * (blocks * side_warps * C + key_warps * rows) * d * e  // S^T, dP^T
+                              + 2 * (side_warps * rows * C + key_warps * rows * d) * e  // dV, dK
+                              + rows * key_warps * 2 * kFloatBytes;                   // L, D
+    } else {
+      head.sram_read_bytes += rows * (2 * warps + 2 * groups) * d * e +
+                              blocks * slices * 2 * split * C * d * e +
+                              rows * groups * 2 * kFloatBytes;
+    }
     const std::int64_t products = kAtomicDQ ? 5 : 4;
     head.matmul_flops += (products + 2 * (split - 1)) * 2 * rows * C * d;
     head.nonmatmul_flops += kFlopsPerScore * rows * C;
     if (kAtomicDQ) {
       head.hbm_read_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
       head.hbm_write_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
-      head.sram_write_bytes += rows * C * e;
       const std::int64_t dq_chunks = dq_cols / bwd::kDQChunk;  // per row, over its warps
       head.sram_read_bytes += rows * C * dq_chunks * e + blocks * bwd::kDQRowGroups * C * d * e;
     }

@@ -14,7 +14,8 @@ namespace flashstep::tensor_core::bwd {
 /// d = 128, 4 at d = 64 and 256. A warp owns one key group for the whole
 /// life of the block (Kj, Vj, and the rows of dK_j and dV_j it accumulates),
 /// so the block's Bc is 16 times the key groups and its registers per thread
-/// do not depend on Bc.
+/// do not depend on Bc. (At d = 128 the kernels tile the same 8 warps in two
+/// dimensions instead, 32 keys a warp: warp_tile_2d.)
 /// - d = 128: Bc = 128 with 8 warps, FlashAttention-2's choice
 ///   (Flash_bwd_kernel_traits<128, 64, 128, 8, ...>). Each Q block that
 ///   streams past is loaded, and its dQ added by atomics, once per 128 keys
@@ -49,7 +50,9 @@ inline constexpr int kDQRowGroups = kBr / 16;
 /// on sm_90 (CUDA 13), bf16 and fp16 alike:
 /// - atomic kernel, d >= 128: one slice of 64. 255 registers; at d = 128 12
 ///   bytes stored and 16 loaded, all before the pair loop (none in it), at
-///   d = 256 none. (The first kernel spilled 72 bytes with 64.)
+///   d = 256 none. (The first kernel spilled 72 bytes with 64.) Since round
+///   9 both kernels at d = 128 have 2-D warp tiles (warp_tile_2d), with no
+///   query slices: q_slice is for the 1-D tiles of d = 64 and 256.
 /// - d = 64: slices of 32. With 64, 215 registers (atomic) and 181
 ///   (deterministic) would leave two blocks of 4 warps an SM instead of
 ///   three (168 is three's limit).
@@ -83,7 +86,8 @@ constexpr int warps(int head_dim_bucket) {
 /// kernel: 168 / 253 / 255 registers at d = 64 / 128 / 256, no spill, as
 /// with 32. (An earlier kernel spilled 44 bytes a thread at d = 128 with 64
 /// columns; the dQ step now runs where the S^T and dP^T accumulators are
-/// dead: before a pass's products from d = 128, after them at d = 64.)
+/// dead: before a pass's products at d = 256, after them at d = 64 and
+/// 128.)
 /// The price: where d is not a multiple of 64 a warp adds up to 32 columns
 /// of zeros into the accumulator's padding that chunks of 32 skipped (at
 /// d <= 32, twice the reductions), as the model counts (dq_cols).
@@ -133,20 +137,53 @@ inline constexpr int kDQBc = 64;
 /// about a kilobyte, so there they are read from shared memory as before.
 constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 128; }
 
-/// The atomic (dK, dV) kernel's dS tiles. Two (from d = 128): a Q block's dQ
-/// step runs in the next block's pass, behind its one barrier, reading one
-/// tile while the products write the other. One (d = 64): the dQ step
-/// follows the products behind a second barrier of its own. On the H200
-/// two tiles were faster at d = 128 and slower at d = 64
-/// (docs/results/tuning_07/README.md, round 6); d = 256 takes two, where
-/// the deferred dQ step also left ptxas no spill (one tile: 12 bytes).
-constexpr int ds_tiles(int head_dim_bucket) { return head_dim_bucket >= 128 ? 2 : 1; }
+/// Whether the (dK, dV) kernels tile their products by 2-D warp tiles, as
+/// FlashAttention-2 does at d = 128 (Flash_bwd_kernel_traits<128, 64, 128,
+/// 8, 2, 4, 2, ...>): at d = 128 only, atomic and deterministic alike. The 8
+/// warps then split S^T and dP^T as kTileKeyWarps x kTileSideWarps tiles of
+/// 32 keys x 32 queries, and dV_j, dK_j as tiles of 32 keys x 64 columns. A
+/// warp's dV_j and dK_j rows then need all 64 queries of P^T and dS^T,
+/// where it computed 32: both go through shared memory, behind a second
+/// barrier a pass. ldmatrix a (Q block, K/V block) pass: 608 KiB instead of
+/// 736 in the atomic kernel, 448 instead of 640 in the deterministic one,
+/// which pays 32 KiB more shared memory (129 -> 161 KiB, still the one
+/// block an SM its registers allow; docs/results/tuning_07/README.md, round
+/// 9). Not at d = 64, where a 2-D tile halves S^T and dP^T's reads only
+/// with Br = 128 and 8 warps, which lost to three blocks of 4 (block_keys);
+/// not at d = 256, where each warp already holds half of dK_j's and dV_j's
+/// columns (d_split).
+FLASHSTEP_HOST_DEVICE constexpr bool warp_tile_2d(int head_dim_bucket) {
+  return head_dim_bucket == 128;
+}
+/// The 2-D tiles' warps along the Bc = 128 keys: 32 keys a warp, two m16
+/// tiles, the rows of its S^T, dP^T and of its dK_j, dV_j alike.
+inline constexpr int kTileKeyWarps = 4;
+/// And along the other side: the kBr = 64 queries of S^T and dP^T (32 a
+/// warp, four n8 tiles: with the two m16 tiles, 32 fp32 registers each, the
+/// accumulators of one query slice of 64 before), and the 128 columns of
+/// dK_j and dV_j (64 a warp, 64 registers each, as before).
+inline constexpr int kTileSideWarps = 2;
+
+/// The atomic (dK, dV) kernel's dS tiles. Two (d = 256): a Q block's dQ step
+/// runs in the next block's pass, behind its one barrier, reading one tile
+/// while the products write the other. One (d = 64 and 128): the dQ step
+/// follows the products behind a second barrier of its own, which at
+/// d = 128 the 2-D warp tiles need anyway (warp_tile_2d: there the second
+/// tile holds P^T). On the H200 two tiles were faster than one at d = 128
+/// before the 2-D tiles and slower at d = 64 (docs/results/tuning_07/
+/// README.md, round 6); d = 256 takes two, where the deferred dQ step also
+/// left ptxas no spill (one tile: 12 bytes).
+constexpr int ds_tiles(int head_dim_bucket) { return head_dim_bucket == 256 ? 2 : 1; }
+/// The (dK, dV) kernels' P^T tiles: one with 2-D warp tiles, else none (P^T
+/// stays in the registers of the warp that computed it). The deterministic
+/// kernel, which has no dQ step, has a dS tile beside it then, for dK.
+constexpr int pt_tiles(int head_dim_bucket) { return warp_tile_2d(head_dim_bucket) ? 1 : 0; }
 
 /// Dynamic shared memory one block may opt into on sm_90 (227 KiB). The
 /// atomic (dK, dV) kernel's tiles fit within it: at d = 64 its 57 KiB a
 /// block let three blocks share an SM's 228 KiB (three is what its 168
-/// registers a thread allow), at d = 128 161 KiB (two dS tiles) for the one
-/// block its registers allow, and at d = 256 209 KiB.
+/// registers a thread allow), at d = 128 161 KiB (a dS and a P^T tile) for
+/// the one block its registers allow, and at d = 256 209 KiB.
 inline constexpr int kMaxSmemBytesPerBlock = 227 * 1024;
 
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
