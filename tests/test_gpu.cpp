@@ -163,8 +163,7 @@ TEST_CASE("stage 08: several K/V tiles and items a block at d = 128, a ragged la
   // The ragged grid gives stage 08's persistent kernels (steps 3-5) at most
   // two K/V tiles and one item a block at d = 128, so no K/V buffer is
   // filled twice there. Here Nk = 600 keys are 5 tiles of 128 (the last 88
-  // keys) or, in step 5 without a causal mask, 4 of 176 (the last 72), and
-  // 70 heads of two 128-row Q blocks are 140 items, more than an H100 or
+  // keys), and 70 heads of two 128-row Q blocks are 140 items, more than an H100 or
   // H200 has SMs: each buffer's later phases, and a block's next item.
   std::vector<const Stage*> stage08;
   for (const Stage* s : selected()) {

@@ -159,7 +159,10 @@ struct BackwardConfig {
     const int score_tiles = atomic_dq ? kDSTiles + kPTTiles : 2 * kPTTiles;
     return (2 * kKVElems + 4 * kQElems + score_tiles * kDSElems) * 2 + kRowFloats * 4;
   }
-  static_assert(smem_bytes(true) <= kMaxSmemBytesPerBlock,
+  // The atomic kernel's tiles: 57 KiB at d = 64 (three blocks share an SM,
+  // as its 168 registers a thread allow), 161 KiB at d = 128 (a dS and a
+  // P^T tile; one block, as its registers allow), 209 KiB at d = 256.
+  static_assert(smem_bytes(true) <= sm90::kMaxSmemBytesPerBlock,
                 "the dS and P^T tiles fit beside the other tiles in every bucket");
 
   static_assert(kBr == kDQRowGroups * kMmaM && kWarps % kDQRowGroups == 0,
@@ -845,29 +848,20 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
         }
         product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(
             dV[0], S, dOi + qs * C::kHeadDim + col0, 0, at_bv);  // line 12
-        float dP[kQTiles][4];  // dP^T, then dS^T
-        product_abt<Elem, C::kHeadDim, kQTiles>(dP, Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
+        float dP[1][kQTiles][4];  // dP^T, then dS^T: one m16 tile of keys
+        product_abt<Elem, C::kHeadDim, kQTiles>(dP[0], Vj, dOi + qs * C::kHeadDim, key_row0, at_a,
                                                 at_bk);                        // line 13
 #pragma unroll
         for (int nt = 0; nt < kQTiles; ++nt) {                                 // line 14
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            dP[nt][e] = S[nt][e] * (dP[nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
+            dP[0][nt][e] = S[nt][e] * (dP[0][nt][e] - Ds[qs + nt * kMmaN + 2 * t + e % 2]);
           }
         }
         product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(
-            dK[0], dP, Qi + qs * C::kHeadDim + col0, 0, at_bv);  // line 16
+            dK[0], dP[0], Qi + qs * C::kHeadDim + col0, 0, at_bv);  // line 16
         if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS^T
-#pragma unroll
-          for (int nt = 0; nt < kQTiles; ++nt) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // keys g and g + 8, two neighbouring queries each
-              const int key = key_row0 + g + 8 * h;
-              const int q = qs + nt * kMmaN + 2 * t;
-              *reinterpret_cast<std::uint32_t*>(dS + tile_offset<kBr, true>(key, q)) =
-                  sm80::pack2<Elem>(dP[nt][2 * h], dP[nt][2 * h + 1]);
-            }
-          }
+          store_scores_transposed<Elem>(dS, dP, key_row0, qs);
         }
       }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/host_device.h"
+#include "common/sm90_layout.h"
 
 namespace flashstep::tensor_core::bwd {
 
@@ -46,20 +47,14 @@ inline constexpr int kDQRowGroups = kBr / 16;
 /// reloads the warp's Kw and Vw A fragments (16 keys x d each), so one slice
 /// of all kBr = 64 queries reads them once a Q block where two of 32 read
 /// them twice: at d = 128, 64 KiB of ldmatrix reads a (Q block, K/V block)
-/// pass less, of 800 (docs/results/tuning_07/README.md, round 8). ptxas -v
-/// on sm_90 (CUDA 13), bf16 and fp16 alike:
-/// - atomic kernel, d >= 128: one slice of 64. 255 registers; at d = 128 12
-///   bytes stored and 16 loaded, all before the pair loop (none in it), at
-///   d = 256 none. (The first kernel spilled 72 bytes with 64.) Since round
-///   9 both kernels at d = 128 have 2-D warp tiles (warp_tile_2d), with no
-///   query slices: q_slice is for the 1-D tiles of d = 64 and 256.
+/// pass less, of 800 (docs/results/tuning_07/README.md, round 8). Only the
+/// 1-D warp tiles take slices (d = 64 and 256; at d = 128 the 2-D tiles,
+/// warp_tile_2d, have none). ptxas -v on sm_90 (CUDA 13), bf16 and fp16:
+/// - atomic kernel, d = 256: one slice of 64, 255 registers, no spill.
 /// - d = 64: slices of 32. With 64, 215 registers (atomic) and 181
 ///   (deterministic) would leave two blocks of 4 warps an SM instead of
 ///   three (168 is three's limit).
-/// - deterministic kernel, d = 128: slices of 32. With 64 ptxas moved its
-///   spill (8 bytes) into the pair loop, two local loads on every tile
-///   that takes the mask; with 32, 12 bytes stored and loaded outside it.
-///   At d = 256 it keeps 32 too, so that only the atomic kernel changed.
+/// - deterministic kernel, d = 256: slices of 32, as before round 8.
 FLASHSTEP_HOST_DEVICE constexpr int q_slice(int head_dim_bucket, bool atomic_dq) {
   return atomic_dq && head_dim_bucket >= 128 ? kBr : kBr / 2;  // one slice, or two
 }
@@ -82,12 +77,11 @@ constexpr int warps(int head_dim_bucket) {
 /// the warp's dS A fragments (16 query rows x Bc keys), so one chunk of 64
 /// reads them once where two of 32 read them twice: at d = 128, 32 KiB of
 /// ldmatrix reads a (Q block, K/V block) pass instead of 64, of 832 KiB in
-/// all (docs/results/tuning_07/README.md, round 8). ptxas -v on sm_90, atomic
-/// kernel: 168 / 253 / 255 registers at d = 64 / 128 / 256, no spill, as
-/// with 32. (An earlier kernel spilled 44 bytes a thread at d = 128 with 64
-/// columns; the dQ step now runs where the S^T and dP^T accumulators are
-/// dead: before a pass's products at d = 256, after them at d = 64 and
-/// 128.)
+/// all (docs/results/tuning_07/README.md, round 8), for no spill (ptxas -v
+/// on sm_90; the registers are in the stage README): the dQ step runs where
+/// the S^T and dP^T accumulators are dead, before a pass's products at
+/// d = 256 and after them at d = 64 and 128. (An earlier kernel, whose dQ
+/// step ran beside them, spilled 44 bytes a thread at d = 128 with 64.)
 /// The price: where d is not a multiple of 64 a warp adds up to 32 columns
 /// of zeros into the accumulator's padding that chunks of 32 skipped (at
 /// d <= 32, twice the reductions), as the model counts (dq_cols).
@@ -179,12 +173,6 @@ constexpr int ds_tiles(int head_dim_bucket) { return head_dim_bucket == 256 ? 2 
 /// kernel, which has no dQ step, has a dS tile beside it then, for dK.
 constexpr int pt_tiles(int head_dim_bucket) { return warp_tile_2d(head_dim_bucket) ? 1 : 0; }
 
-/// Dynamic shared memory one block may opt into on sm_90 (227 KiB). The
-/// atomic (dK, dV) kernel's tiles fit within it: at d = 64 its 57 KiB a
-/// block let three blocks share an SM's 228 KiB (three is what its 168
-/// registers a thread allow), at d = 128 161 KiB (a dS and a P^T tile) for
-/// the one block its registers allow, and at d = 256 209 KiB.
-inline constexpr int kMaxSmemBytesPerBlock = 227 * 1024;
 
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
 /// block of several heads.

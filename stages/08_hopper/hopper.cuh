@@ -93,7 +93,7 @@ struct Config {
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kQBytes + 2 * kKVBuffers * kKVBytes + kBarrierBytes;
   static_assert(kHeadDim % sm90::kSwizzleRowElems == 0, "d is padded to whole column blocks");
-  static_assert(kSmemBytes <= kMaxSmemBytes, "Qi and the K/V buffers fit one block");
+  static_assert(kSmemBytes <= sm90::kMaxSmemBytesPerBlock, "Qi and the K/V buffers fit one block");
   static_assert(kBr == sm90::kWgmmaM && kThreads == sm90::kWarpgroupThreads,
                 "one warpgroup, one m64 wgmma tall");
 };
@@ -561,12 +561,13 @@ struct WsConfig {
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
   static constexpr int kInputBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
                                      2 * kStages * kKVBytes + kBarrierBytes;
-  static_assert(kInputBytes <= kMaxSmemBytes, "Qi's halves and the K/V buffers fit one block");
+  static_assert(kInputBytes <= sm90::kMaxSmemBytesPerBlock,
+                "Qi's halves and the K/V buffers fit one block");
   // O_i through shared memory and a TMA store (write_output_tma), in a
   // buffer of kQBytes per consumer, or from the registers (write_output).
   static constexpr bool kOutByTma = output_through_smem(kStep, kHeadDim);
   static constexpr int kSmemBytes = kInputBytes + (kOutByTma ? kConsumers * kQBytes : 0);
-  static_assert(kSmemBytes <= kMaxSmemBytes, "O_i's buffers fit beside the inputs");
+  static_assert(kSmemBytes <= sm90::kMaxSmemBytesPerBlock, "O_i's buffers fit beside the inputs");
   // Arrivals that free a buffer: every thread of every consumer, each after
   // its own wgmma_wait<0> (which covers its whole warpgroup's products).
   static constexpr int kConsumerThreads = kConsumers * kThreads;

@@ -150,10 +150,6 @@ constexpr WsSchedule ws_schedule(std::int64_t Tr, std::int64_t heads, bool causa
   return {per_head, per_head * heads, per_head * heads + middles};
 }
 
-/// Shared memory one block may opt in to on sm_90 (227 KiB): the kernels'
-/// budgets are checked against it at compile time.
-inline constexpr int kMaxSmemBytes = 227 * 1024;
-
 /// log2(e) and ln(2), as in stage 07: exponentials as exp2, scale folded in.
 inline constexpr double kLog2e = 1.4426950408889634;
 inline constexpr double kLn2 = 0.6931471805599453;

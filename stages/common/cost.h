@@ -35,9 +35,9 @@ struct Cost {
   std::int64_t skipped_tiles = 0;     ///< (Qi, Kj) tile pairs skipped as wholly masked
   /// Block-wide barriers executed, summed over thread blocks. Modelled by
   /// stage 06, where split-K's extra synchronisation is the lesson, and by
-  /// stage 07's backward, whose atomic variant double-buffers a tile from
-  /// d = 128 to take one barrier of two per Q block; 0 in the other stages
-  /// means "not modelled" (their kernels do synchronise).
+  /// stage 07's backward, whose barriers per Q block depend on d (one or
+  /// two: ds_tiles, warp_tile_2d); 0 in the other stages means "not
+  /// modelled" (their kernels do synchronise).
   std::int64_t barriers = 0;
   /// Scores whose visibility is tested one by one (the causal mask and the
   /// ends Nq, Nk), valid ones only: FlashAttention-2 tests only the tiles that

@@ -19,6 +19,11 @@
 
 namespace flashstep::sm90 {
 
+/// Dynamic shared memory one block may opt in to on sm_90 (227 KiB of an
+/// SM's 228): the kernels' shared-memory budgets are checked against it at
+/// compile time (stage 07's backward, stage 08).
+inline constexpr int kMaxSmemBytesPerBlock = 227 * 1024;
+
 /// Threads of a warpgroup: 4 consecutive warps, the first at a warp index
 /// divisible by 4. A wgmma is issued by all 128 together.
 inline constexpr int kWarpgroupThreads = 128;
