@@ -430,7 +430,8 @@ TEST_CASE("stage 07's atomic (dK, dV) kernel: shared-memory reads of one pass, p
       l_and_d = Br * bwd::key_groups(bucket) * 2 * 4;
     }
     // dQ: each row group of 16 reads its dS rows once per chunk and all of Kj.
-    const std::int64_t dq = (d / bwd::kDQChunk) * Br * Bc * e + bwd::kDQRowGroups * Bc * d * e;
+    const std::int64_t dq =
+        (d / bwd::dq_chunk(bucket)) * Br * Bc * e + bwd::dq_row_groups(bucket) * Bc * d * e;
     CHECK(atomic->backward_model(p).sram_read_bytes ==
           2 * s_or_dp + 2 * dv_or_dk + dq + l_and_d);
     // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 and a 64 x 128

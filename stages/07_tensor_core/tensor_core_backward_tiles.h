@@ -35,11 +35,8 @@ constexpr int block_keys(int head_dim_bucket) { return 16 * key_groups(head_dim_
 inline constexpr int kMaxBc = 128;
 
 /// Query rows per streamed Q block (the paper's Br): 64, four m16 tiles of
-/// rows, one per row group of warps in the dQ step (below).
+/// rows, split among the row groups of warps in the dQ step (dq_row_groups).
 inline constexpr int kBr = 64;
-/// Row groups of the dQ step: warp w takes query rows 16 (w % 4) .. of dQ_i,
-/// and columns by w / 4 (all of d with 4 warps, half with 8).
-inline constexpr int kDQRowGroups = kBr / 16;
 
 /// Queries per slice of the S_ij^T and dP_ij^T accumulators: a warp computes
 /// them for q_slice queries of the Q block at a time, q_slice / 2 fp32
@@ -157,6 +154,23 @@ inline constexpr int kTileKeyWarps = 4;
 /// accumulators of one query slice of 64 before), and the 128 columns of
 /// dK_j and dV_j (64 a warp, 64 registers each, as before).
 inline constexpr int kTileSideWarps = 2;
+
+/// Row groups of the atomic kernel's dQ step: warp w takes the kBr /
+/// dq_row_groups query rows from (w % dq_row_groups) kBr / dq_row_groups on
+/// of dQ_i, and its columns by w / dq_row_groups, summing over all Bc keys:
+/// 4 groups of 16 rows (one m16 tile), all d columns with 4 warps (d = 64),
+/// half of them with 8 (d = 128 and 256).
+constexpr int dq_row_groups(int /*head_dim_bucket*/) { return kBr / 16; }
+/// A warp's columns of dQ_i in the dQ step: the bucket's d over the warps of
+/// a row group.
+constexpr int dq_warp_cols(int head_dim_bucket) {
+  return head_dim_bucket * dq_row_groups(head_dim_bucket) / warps(head_dim_bucket);
+}
+/// The dQ step's chunk of columns (kDQChunk): a warp's all where they are
+/// fewer.
+constexpr int dq_chunk(int head_dim_bucket) {
+  return dq_warp_cols(head_dim_bucket) < kDQChunk ? dq_warp_cols(head_dim_bucket) : kDQChunk;
+}
 
 /// The atomic (dK, dV) kernel's dS tiles. Two (d = 256): a Q block's dQ step
 /// runs in the next block's pass, behind its one barrier, reading one tile
