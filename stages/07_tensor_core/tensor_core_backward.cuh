@@ -63,11 +63,13 @@
 //   dP^T = Vw dOw^T       A: Vw (ldmatrix)      B: dOw, 32 queries (ldmatrix)
 //   dV  += P^T dOi        A: P^T (ldmatrix)     B: dOi, 64 columns (ldmatrix.trans)
 //   dK  += dS^T Qi        A: dS^T (ldmatrix)    B: Qi, 64 columns (ldmatrix.trans)
-//   dQi += dS Kj          as above
-// 608 KiB of ldmatrix a pass instead of 736 (docs/results/tuning_07/
-// README.md, round 9), for 16 KiB more stored and a second barrier a pass
-// (the deterministic kernel: 448 instead of 640, for 32 KiB stored and a
-// second barrier).
+//   dQi += dS Kj          A: dS (ldmatrix.trans), 32 queries  B: Kj, 32 columns
+//                         (ldmatrix.trans): FlashAttention-2's 2 x 4 warps
+//                         over dQ_i (dq_row_groups), not the tiles above
+// 576 KiB of ldmatrix a pass, FlashAttention-2's count, instead of 736
+// (docs/results/tuning_07/README.md, rounds 9 and 10), for 16 KiB more
+// stored and a second barrier a pass (the deterministic kernel: 448
+// instead of 640, for 32 KiB stored and a second barrier).
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
@@ -522,13 +524,13 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
   // Warp w takes the kRowTiles m16 tiles of query rows of dQ_i from
   // 16 kRowTiles (w % C::kDQRowGroups) on and C::kDQCols of its columns from
   // (w / C::kDQRowGroups) C::kDQCols on, summing over all Bc keys
-  // (dq_row_groups: 16 rows x 64 columns a warp at d = 64 and 128, 16 x 128
-  // at d = 256).
+  // (dq_row_groups: 16 rows x 64 columns a warp at d = 64, 16 x 128 at
+  // d = 256, FlashAttention-2's 32 x 32 at d = 128).
   constexpr int kRowTiles = C::kDQRowTiles;
   const int q_row0 = warp % C::kDQRowGroups * kRowTiles * kMmaM;
   const int dq_col0 = warp / C::kDQRowGroups * C::kDQCols;
   // The lane's offsets into Kj from column dq_col0 on. dq_col0 is a runtime
-  // value (0 or 64 at d = 128); passed as a column to a lane table
+  // value (0, 32, 64 or 96 at d = 128); passed as a column to a lane table
   // made at column 0, it would index the table at run time, and the table
   // would go to local memory (below). Folded into the table's point, the
   // columns left are compile-time constants.

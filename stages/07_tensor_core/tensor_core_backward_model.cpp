@@ -17,7 +17,7 @@
 //   dK_j, dV_j written once; the atomic variant's dQ adds read and write
 //   4 bytes per element of the visited Q blocks' whole rows (padding rows
 //   too) and of d's columns rounded up to whole chunks of bwd::dq_chunk
-//   (64 columns: a warp skips the chunks past d).
+//   (64 columns, 32 at d = 128: a warp skips the chunks past d).
 // - Shared memory writes: Kj, Vj once; Qi, dOi, L, D per visited row; the
 //   atomic variant's dS tile (C_j per row); with 2-D warp tiles
 //   (bwd::warp_tile_2d: d = 128) a P^T tile as much, and the deterministic
@@ -42,7 +42,8 @@
 //   per row once per chunk of dq_chunk columns (each chunk reloads its
 //   warp's dS fragments; a row's chunks, over the warps that share its
 //   rows, cover d rounded up to whole chunks) and Kj's C_j d per Q block
-//   per row group (bwd::dq_row_groups: 4 groups of 16 rows).
+//   per row group (bwd::dq_row_groups: 4 groups of 16 rows, 2 of 32 with
+//   the 2-D warp tiles).
 // - Matmul FLOPs: the five products, 2 C_j d per row each; at d = 256 the two
 //   warps of a key group both compute S^T and dP^T (counted: executed work).
 //   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
