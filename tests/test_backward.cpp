@@ -331,13 +331,18 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
     CHECK(a.hbm_write_bytes - det.hbm_write_bytes == kv_blocks * 256 * d * 4 + 256 * d * 4);
   }
   // The accumulator is padded to whole Q blocks and the bucket's columns; the
-  // adds touch d's columns in whole chunks of kDQChunk (64): Nq = 200 has 256
-  // rows of it, d = 40 the bucket's 64 columns, and the adds all of them.
+  // adds touch d's columns in whole chunks (dq_chunk: 64, 32 at d = 128):
+  // Nq = 200 has 256 rows of it, d = 40 the bucket's 64 columns, and the adds
+  // all of them; d = 96 the bucket's 128 columns, and the adds 96 (two K/V
+  // blocks of 128 keys).
   p.Nq = 200;
   p.d = 40;
   CHECK(flashstep::tensor_core::bwd::dq_accum_rows(p.Nq) == 256);
   const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
   CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
+  p.d = 96;
+  const Cost a96 = atomic->backward_model(p), det96 = deterministic->backward_model(p);
+  CHECK(a96.hbm_write_bytes - det96.hbm_write_bytes == 2 * 256 * 96 * 4 + 256 * 128 * 4);
 }
 
 TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
@@ -429,17 +434,23 @@ TEST_CASE("stage 07's atomic (dK, dV) kernel: shared-memory reads of one pass, p
       dv_or_dk = W * Br * d * e;
       l_and_d = Br * bwd::key_groups(bucket) * 2 * 4;
     }
-    // dQ: each row group of 16 reads its dS rows once per chunk and all of Kj.
-    const std::int64_t dq = (d / bwd::kDQChunk) * Br * Bc * e + bwd::kDQRowGroups * Bc * d * e;
+    // dQ: each row group (4 of 16 rows; 2 of 32 with 2-D warp tiles) reads
+    // all of Kj, and each warp its rows of dS once per chunk of its columns:
+    // d / chunk times a row's, over the warps that share the rows.
+    CHECK(bwd::dq_row_groups(bucket) == (tile_2d ? 2 : 4));
+    CHECK(bwd::dq_chunk(bucket) == (tile_2d ? 32 : 64));
+    const std::int64_t dq =
+        (d / bwd::dq_chunk(bucket)) * Br * Bc * e + bwd::dq_row_groups(bucket) * Bc * d * e;
     CHECK(atomic->backward_model(p).sram_read_bytes ==
           2 * s_or_dp + 2 * dv_or_dk + dq + l_and_d);
     // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 and a 64 x 128
     // one at d = 128; this kernel 200 KiB a 64 x 64 pass (800 KiB a 128 x
-    // 128 area) and, with its 2-D warp tiles, 608 KiB a 64 x 128 pass at
-    // d = 128 (S^T, dP^T 128 each, dV, dK 96, dQ 160).
+    // 128 area) and, with its 2-D warp tiles, FlashAttention-2's 576 KiB a
+    // 64 x 128 pass at d = 128 (S^T, dP^T 128 each, dV, dK 96, dQ 128).
     CHECK(s_or_dp == (d == 64 ? 48 : 128) * 1024);
     CHECK(dv_or_dk == (d == 64 ? 32 : 96) * 1024);
-    CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 200 : 608) * 1024);
+    CHECK(dq == (d == 64 ? 40 : 128) * 1024);
+    CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 200 : 576) * 1024);
   }
 }
 

@@ -63,11 +63,13 @@
 //   dP^T = Vw dOw^T       A: Vw (ldmatrix)      B: dOw, 32 queries (ldmatrix)
 //   dV  += P^T dOi        A: P^T (ldmatrix)     B: dOi, 64 columns (ldmatrix.trans)
 //   dK  += dS^T Qi        A: dS^T (ldmatrix)    B: Qi, 64 columns (ldmatrix.trans)
-//   dQi += dS Kj          as above
-// 608 KiB of ldmatrix a pass instead of 736 (docs/results/tuning_07/
-// README.md, round 9), for 16 KiB more stored and a second barrier a pass
-// (the deterministic kernel: 448 instead of 640, for 32 KiB stored and a
-// second barrier).
+//   dQi += dS Kj          A: dS (ldmatrix.trans), 32 queries  B: Kj, 32 columns
+//                         (ldmatrix.trans): FlashAttention-2's 2 x 4 warps
+//                         over dQ_i (dq_row_groups), not the tiles above
+// 576 KiB of ldmatrix a pass, FlashAttention-2's count, instead of 736
+// (docs/results/tuning_07/README.md, rounds 9 and 10), for 16 KiB more
+// stored and a second barrier a pass (the deterministic kernel: 448
+// instead of 640, for 32 KiB stored and a second barrier).
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
@@ -140,8 +142,13 @@ struct BackwardConfig {
   static constexpr int kColTiles = kWarpCols / kMmaN;   // their n8 tiles
   static constexpr int kKeySteps = kBc / kMmaK;         // k16 steps over the keys (dQ)
   static constexpr int kDSteps = kHeadDim / kMmaK;      // k16 steps over d (S^T, dP^T)
-  static constexpr int kChunkTiles = kDQChunk / kMmaN;  // n8 tiles of a dQ chunk
-  static constexpr int kDQCols = kHeadDim * kDQRowGroups / kWarps;  // dQ columns per warp
+  // The dQ step (atomic variant): warps split dQ_i's rows kDQRowGroups ways,
+  // kDQRowTiles m16 tiles each (dq_row_groups), and its columns the other way.
+  static constexpr int kDQRowGroups = dq_row_groups(kHeadDim);
+  static constexpr int kDQRowTiles = kBr / kDQRowGroups / kMmaM;
+  static constexpr int kDQCols = dq_warp_cols(kHeadDim);      // dQ columns per warp
+  static constexpr int kDQChunkCols = dq_chunk(kHeadDim);     // of them at a time
+  static constexpr int kChunkTiles = kDQChunkCols / kMmaN;    // n8 tiles of a dQ chunk
 
   // Shared memory: Kj, Vj; two buffers of Qi and dOi; two buffers of L and
   // D (fp32); then the dS^T and P^T tiles: in the atomic variant kDSTiles
@@ -165,9 +172,10 @@ struct BackwardConfig {
   static_assert(smem_bytes(true) <= sm90::kMaxSmemBytesPerBlock,
                 "the dS and P^T tiles fit beside the other tiles in every bucket");
 
-  static_assert(kBr == kDQRowGroups * kMmaM && kWarps % kDQRowGroups == 0,
-                "in the dQ step each row group's warps take 16 query rows");
-  static_assert(kDQCols % kDQChunk == 0 && kColTiles % 2 == 0, "whole chunks, n8 tiles in pairs");
+  static_assert(kBr == kDQRowGroups * kDQRowTiles * kMmaM && kWarps % kDQRowGroups == 0,
+                "in the dQ step each row group's warps take whole m16 tiles of query rows");
+  static_assert(kDQCols % kDQChunkCols == 0 && kChunkTiles % 2 == 0 && kColTiles % 2 == 0,
+                "whole chunks, n8 tiles in pairs");
   static_assert(kHeadDim / kChunkElems >= 8, "the swizzle permutes 8 chunks of a row");
 };
 
@@ -513,18 +521,26 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  // Warp w takes query rows 16 (w % 4) .. of dQ_i and C::kDQCols of its
-  // columns from (w / 4) C::kDQCols on, summing over all Bc keys.
-  const int q_row0 = warp % kDQRowGroups * kMmaM;
-  const int dq_col0 = warp / kDQRowGroups * C::kDQCols;
+  // Warp w takes the kRowTiles m16 tiles of query rows of dQ_i from
+  // 16 kRowTiles (w % C::kDQRowGroups) on and C::kDQCols of its columns from
+  // (w / C::kDQRowGroups) C::kDQCols on, summing over all Bc keys
+  // (dq_row_groups: 16 rows x 64 columns a warp at d = 64, 16 x 128 at
+  // d = 256, FlashAttention-2's 32 x 32 at d = 128).
+  constexpr int kRowTiles = C::kDQRowTiles;
+  const int q_row0 = warp % C::kDQRowGroups * kRowTiles * kMmaM;
+  const int dq_col0 = warp / C::kDQRowGroups * C::kDQCols;
   // The lane's offsets into Kj from column dq_col0 on. dq_col0 is a runtime
-  // value, 32 at d = 64; passed as a column to a lane table made at column 0,
-  // it would index the table at run time, and the table would go to local
-  // memory (below). Folded into the table's point, the columns left are
-  // compile-time constants.
+  // value (0, 32, 64 or 96 at d = 128); passed as a column to a lane table
+  // made at column 0, it would index the table at run time, and the table
+  // would go to local memory (below). Folded into the table's point, the
+  // columns left are compile-time constants.
   const LanePoint vp = v_point(lane);
   const LaneOffsets<C::kHeadDim> at_kq(LanePoint{vp.row, vp.col + dq_col0});
-  const int at_ds = dst_lane_offset(q_row0);
+  // And into the dS tile for m16 tile mt of its rows, one offset per tile
+  // (the swizzle permutes a row's chunks: the second tile's is not the
+  // first's plus 16), each computed once by the compiler. (An array of them
+  // filled in a loop compiled to other SASS at d = 256, for nothing.)
+  auto at_ds = [&](int mt) { return dst_lane_offset(q_row0 + mt * kMmaM); };
   // The lane's element (row g, column 2t) of its warp's part of dQ_i.
   float* dQw = p.dQ_accum + ((dq_row + q_row0 + g) * C::kHeadDim + dq_col0 + 2 * t);
   // The chunk loop is unrolled so that every column offset into Kj is a
@@ -532,31 +548,45 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
   // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
   // two local loads per fragment (ncu: 33 M local sectors at d = 64).
 #pragma unroll
-  for (int c = 0; c < C::kDQCols / kDQChunk; ++c) {
-    const int chunk = c * kDQChunk;  // from dq_col0
+  for (int c = 0; c < C::kDQCols / C::kDQChunkCols; ++c) {
+    const int chunk = c * C::kDQChunkCols;  // from dq_col0
     if (dq_col0 + chunk >= p.d) break;
-    float acc[C::kChunkTiles][4];
+    float acc[kRowTiles][C::kChunkTiles][4];
 #pragma unroll
-    for (int nt = 0; nt < C::kChunkTiles; ++nt) {
+    for (int mt = 0; mt < kRowTiles; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+      for (int nt = 0; nt < C::kChunkTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+      }
     }
+    // Each k16 step loads the A fragments of the warp's rows of dS once for
+    // all n8 tiles and Kj's B fragments once for all m16 tiles.
 #pragma unroll
     for (int kk = 0; kk < C::kKeySteps; ++kk) {
-      std::uint32_t a[4];
-      load_a_transposed<Elem>(a, dS, at_ds, kk * kMmaK);
+      std::uint32_t a[kRowTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kRowTiles; ++mt) {
+        load_a_transposed<Elem>(a[mt], dS, at_ds(mt), kk * kMmaK);
+      }
 #pragma unroll
       for (int np = 0; np < C::kChunkTiles / 2; ++np) {
         std::uint32_t b[4];
         load_b_v<Elem, C::kHeadDim, true>(b, Kj, at_kq, kk * kMmaK, chunk + np * 2 * kMmaN);
         const std::uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-        sm80::mma_m16n8k16<Elem>(acc[2 * np], a, b_lo);
-        sm80::mma_m16n8k16<Elem>(acc[2 * np + 1], a, b_hi);
+#pragma unroll
+        for (int mt = 0; mt < kRowTiles; ++mt) {
+          sm80::mma_m16n8k16<Elem>(acc[mt][2 * np], a[mt], b_lo);
+          sm80::mma_m16n8k16<Elem>(acc[mt][2 * np + 1], a[mt], b_hi);
+        }
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < C::kChunkTiles; ++nt) {
-      add_to_dq<C::kHeadDim>(dQw + chunk + nt * kMmaN, acc[nt]);
+    for (int mt = 0; mt < kRowTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < C::kChunkTiles; ++nt) {
+        add_to_dq<C::kHeadDim>(dQw + mt * kMmaM * C::kHeadDim + chunk + nt * kMmaN, acc[mt][nt]);
+      }
     }
   }
 }

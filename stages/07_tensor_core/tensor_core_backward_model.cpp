@@ -16,8 +16,8 @@
 // - dK, dV kernel: Kj, Vj read once; per visited row Qi, dOi, L, D read;
 //   dK_j, dV_j written once; the atomic variant's dQ adds read and write
 //   4 bytes per element of the visited Q blocks' whole rows (padding rows
-//   too) and of d's columns rounded up to whole chunks of kDQChunk (a warp
-//   skips the chunks past d).
+//   too) and of d's columns rounded up to whole chunks of bwd::dq_chunk
+//   (64 columns, 32 at d = 128: a warp skips the chunks past d).
 // - Shared memory writes: Kj, Vj once; Qi, dOi, L, D per visited row; the
 //   atomic variant's dS tile (C_j per row); with 2-D warp tiles
 //   (bwd::warp_tile_2d: d = 128) a P^T tile as much, and the deterministic
@@ -39,10 +39,11 @@
 //   (kTileKeyWarps times a row's d); L and D once per warp whose queries
 //   hold the row (kTileKeyWarps).
 //   Then, in either tiling, the atomic variant's dQ step reads dS's C_j
-//   per row once per chunk of kDQChunk columns (each chunk reloads its
-//   warp's dS fragments; a row's chunks, over the W / 4 warps that share
-//   its columns, cover d rounded up to whole chunks) and Kj's C_j d per Q
-//   block per query group of 16 rows.
+//   per row once per chunk of dq_chunk columns (each chunk reloads its
+//   warp's dS fragments; a row's chunks, over the warps that share its
+//   rows, cover d rounded up to whole chunks) and Kj's C_j d per Q block
+//   per row group (bwd::dq_row_groups: 4 groups of 16 rows, 2 of 32 with
+//   the 2-D warp tiles).
 // - Matmul FLOPs: the five products, 2 C_j d per row each; at d = 256 the two
 //   warps of a key group both compute S^T and dP^T (counted: executed work).
 //   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
@@ -97,8 +98,8 @@ Cost backward_model(const Problem& p) {
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
   const std::int64_t slices = bwd::kBr / bwd::q_slice(bucket, kAtomicDQ);
-  const std::int64_t dq_cols =
-      std::min<std::int64_t>(bucket, ceil_div(d, bwd::kDQChunk) * bwd::kDQChunk);
+  const std::int64_t dq_chunk = bwd::dq_chunk(bucket);
+  const std::int64_t dq_cols = std::min<std::int64_t>(bucket, ceil_div(d, dq_chunk) * dq_chunk);
   Cost head;     // per query head
   Cost kv_head;  // per K/V head
   for (std::int64_t j = 0; j < Tc; ++j) {
@@ -136,8 +137,9 @@ Cost backward_model(const Problem& p) {
     if (kAtomicDQ) {
       head.hbm_read_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
       head.hbm_write_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
-      const std::int64_t dq_chunks = dq_cols / bwd::kDQChunk;  // per row, over its warps
-      head.sram_read_bytes += rows * C * dq_chunks * e + blocks * bwd::kDQRowGroups * C * d * e;
+      const std::int64_t dq_chunks = dq_cols / dq_chunk;  // per row, over its warps
+      head.sram_read_bytes +=
+          rows * C * dq_chunks * e + blocks * bwd::dq_row_groups(bucket) * C * d * e;
     }
   }
   if (!kAtomicDQ) {

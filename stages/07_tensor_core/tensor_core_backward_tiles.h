@@ -35,11 +35,8 @@ constexpr int block_keys(int head_dim_bucket) { return 16 * key_groups(head_dim_
 inline constexpr int kMaxBc = 128;
 
 /// Query rows per streamed Q block (the paper's Br): 64, four m16 tiles of
-/// rows, one per row group of warps in the dQ step (below).
+/// rows, split among the row groups of warps in the dQ step (dq_row_groups).
 inline constexpr int kBr = 64;
-/// Row groups of the dQ step: warp w takes query rows 16 (w % 4) .. of dQ_i,
-/// and columns by w / 4 (all of d with 4 warps, half with 8).
-inline constexpr int kDQRowGroups = kBr / 16;
 
 /// Queries per slice of the S_ij^T and dP_ij^T accumulators: a warp computes
 /// them for q_slice queries of the Q block at a time, q_slice / 2 fp32
@@ -73,18 +70,20 @@ constexpr int warps(int head_dim_bucket) {
 
 /// Columns of dQ one warp computes at a time from dS_ij K_j (fp32
 /// accumulators, 32 registers), before its atomic adds: all of a warp's
-/// kDQCols (64) up to d = 128, half of them at d = 256. Each chunk reloads
-/// the warp's dS A fragments (16 query rows x Bc keys), so one chunk of 64
-/// reads them once where two of 32 read them twice: at d = 128, 32 KiB of
-/// ldmatrix reads a (Q block, K/V block) pass instead of 64, of 832 KiB in
-/// all (docs/results/tuning_07/README.md, round 8), for no spill (ptxas -v
-/// on sm_90; the registers are in the stage README): the dQ step runs where
+/// columns at d = 64 (64) and d = 128 (32, dq_row_groups), half of them at
+/// d = 256 (dq_chunk). Each chunk reloads the warp's dS A fragments (its
+/// query rows x Bc keys), so one chunk of 64 reads them once where two of 32
+/// read them twice: at d = 128 with 1-D warp tiles, 32 KiB of ldmatrix reads
+/// a (Q block, K/V block) pass instead of 64, of 832 KiB in all
+/// (docs/results/tuning_07/README.md, round 8), for no spill (ptxas -v on
+/// sm_90; the registers are in the stage README): the dQ step runs where
 /// the S^T and dP^T accumulators are dead, before a pass's products at
 /// d = 256 and after them at d = 64 and 128. (An earlier kernel, whose dQ
 /// step ran beside them, spilled 44 bytes a thread at d = 128 with 64.)
 /// The price: where d is not a multiple of 64 a warp adds up to 32 columns
 /// of zeros into the accumulator's padding that chunks of 32 skipped (at
-/// d <= 32, twice the reductions), as the model counts (dq_cols).
+/// d <= 32, twice the reductions), as the model counts (dq_cols); not at
+/// d = 128, whose chunks are 32.
 inline constexpr int kDQChunk = 64;
 
 /// Rows per head of the atomic variant's fp32 dQ accumulator: Nq rounded up
@@ -139,11 +138,12 @@ constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 12
 /// warp's dV_j and dK_j rows then need all 64 queries of P^T and dS^T,
 /// where it computed 32: both go through shared memory, behind a second
 /// barrier a pass. ldmatrix a (Q block, K/V block) pass: 608 KiB instead of
-/// 736 in the atomic kernel, 448 instead of 640 in the deterministic one,
-/// which pays 32 KiB more shared memory (129 -> 161 KiB, still the one
-/// block an SM its registers allow; docs/results/tuning_07/README.md, round
-/// 9). Not at d = 64, where a 2-D tile halves S^T and dP^T's reads only
-/// with Br = 128 and 8 warps, which lost to three blocks of 4 (block_keys);
+/// 736 in the atomic kernel (576 with its dQ step's 2-D layout too,
+/// dq_row_groups), 448 instead of 640 in the deterministic one, which pays
+/// 32 KiB more shared memory (129 -> 161 KiB, still the one block an SM its
+/// registers allow; docs/results/tuning_07/README.md, rounds 9 and 10).
+/// Not at d = 64, where a 2-D tile halves S^T and dP^T's reads only with
+/// Br = 128 and 8 warps, which lost to three blocks of 4 (block_keys);
 /// not at d = 256, where each warp already holds half of dK_j's and dV_j's
 /// columns (d_split).
 FLASHSTEP_HOST_DEVICE constexpr bool warp_tile_2d(int head_dim_bucket) {
@@ -157,6 +157,33 @@ inline constexpr int kTileKeyWarps = 4;
 /// accumulators of one query slice of 64 before), and the 128 columns of
 /// dK_j and dV_j (64 a warp, 64 registers each, as before).
 inline constexpr int kTileSideWarps = 2;
+
+/// Row groups of the atomic kernel's dQ step: warp w takes the kBr /
+/// dq_row_groups query rows from (w % dq_row_groups) kBr / dq_row_groups on
+/// of dQ_i, and its columns by w / dq_row_groups, summing over all Bc keys.
+/// - 1-D warp tiles (d = 64 and 256): 4 groups of 16 rows (one m16 tile),
+///   all d columns with 4 warps (d = 64), half of them with 8 (d = 256).
+/// - 2-D warp tiles (d = 128): FlashAttention-2's 2 x 4 layout of dQ
+///   (AtomLayoutMdQ = 2 in Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4,
+///   2, ...>): 2 groups of 32 rows (two m16 tiles), 4 warps of 32 columns
+///   each. A warp reads its 32 rows of dS (x Bc keys) and Kj's Bc keys x its
+///   32 columns: 128 KiB of ldmatrix a pass for the block, where 16 rows x
+///   64 columns a warp read Kj's 128 keys x 64 columns per 16 rows: 160 KiB
+///   (docs/results/tuning_07/README.md, round 10). A warp's accumulators
+///   stay 32 registers (32 x 32 where 16 x 64 were).
+constexpr int dq_row_groups(int head_dim_bucket) {
+  return warp_tile_2d(head_dim_bucket) ? kBr / 32 : kBr / 16;
+}
+/// A warp's columns of dQ_i in the dQ step: the bucket's d over the warps of
+/// a row group.
+constexpr int dq_warp_cols(int head_dim_bucket) {
+  return head_dim_bucket * dq_row_groups(head_dim_bucket) / warps(head_dim_bucket);
+}
+/// The dQ step's chunk of columns (kDQChunk): a warp's all where they are
+/// fewer (32 at d = 128).
+constexpr int dq_chunk(int head_dim_bucket) {
+  return dq_warp_cols(head_dim_bucket) < kDQChunk ? dq_warp_cols(head_dim_bucket) : kDQChunk;
+}
 
 /// The atomic (dK, dV) kernel's dS tiles. Two (d = 256): a Q block's dQ step
 /// runs in the next block's pass, behind its one barrier, reading one tile
