@@ -25,6 +25,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/l2_flush.h"
 #include "common/rounding.h"
 #include "ring_merge.h"
 #include "ring_model.h"
@@ -35,8 +36,6 @@ namespace {
 
 // Every output and partial element NaN in every type (as DeviceRun poisons).
 constexpr int kPoisonByte = 0xFF;
-// The L2 flush before each timed run overwrites this many times the L2 size.
-constexpr std::int64_t kL2FlushFactor = 2;
 // Free device memory left beyond the allocations (context, NCCL's buffers).
 constexpr std::int64_t kDeviceHeadroomBytes = 1ll << 30;
 
@@ -220,7 +219,10 @@ void RingRun::Impl::allocate(const Inputs& in) {
     g.O_part = alloc(lay.capacity * E, "ring: cudaMalloc O_part");
     g.L_part = static_cast<float*>(alloc(lay.lse_capacity * kFloatBytes, "ring: cudaMalloc L_part"));
     if (workspace > 0) g.workspace = alloc(workspace, "ring: cudaMalloc workspace");
-    g.flush = alloc(g.flush_bytes, "ring: cudaMalloc L2 flush buffer");
+    // The flush buffer, zero-filled (flush_l2 reads it), and 16 bytes past it for the sink.
+    g.flush = alloc(g.flush_bytes + kL2FlushSinkBytes, "ring: cudaMalloc L2 flush buffer");
+    cuda_check(cudaMemset(g.flush, 0, static_cast<size_t>(g.flush_bytes + kL2FlushSinkBytes)),
+               "ring: zero the L2 flush buffer");
     for (cudaEvent_t* e : {&g.start, &g.end}) cuda_check(cudaEventCreate(e), "ring: event");
     for (auto* list : {&g.compute_begin, &g.compute_done, &g.comm_start, &g.comm_end}) {
       list->resize(static_cast<size_t>(s.ranks()));
@@ -447,8 +449,8 @@ RingTiming RingRun::time(int warmup, int iterations) {
   for (int k = 0; k < iterations; ++k) {
     for (Gpu& g : m.gpus) {
       cuda_check(cudaSetDevice(g.device), "ring: cudaSetDevice");
-      cuda_check(cudaMemsetAsync(g.flush, k & 0xFF, static_cast<size_t>(g.flush_bytes), g.compute),
-                 "ring: L2 flush");
+      flush_l2(g.flush, g.flush_bytes,
+               reinterpret_cast<unsigned*>(static_cast<char*>(g.flush) + g.flush_bytes), g.compute);
     }
     m.launch();
     m.sync_all();

@@ -10,6 +10,7 @@
 
 #include "cuda_check.h"
 #include "error.h"
+#include "l2_flush.h"
 #include "rounding.h"
 
 namespace flashstep {
@@ -19,8 +20,6 @@ namespace {
 // fp32, 0xFFFF in fp16 and bf16): an output element a stage forgets to write
 // stays NaN and fails the comparison.
 constexpr int kPoisonByte = 0xFF;
-// The L2 flush overwrites this many times the L2 size between timed runs.
-constexpr std::int64_t kL2FlushFactor = 2;
 // Headroom left free on the device beyond what a run allocates (the CUDA
 // context and allocator granularity need some).
 constexpr std::int64_t kDeviceHeadroomBytes = 256ll << 20;
@@ -267,16 +266,20 @@ Timing DeviceRun::time(int warmup, int iterations) {
 
 Timing DeviceRun::time_launches(int warmup, int iterations, void (DeviceRun::*launch_fn)()) {
   if (iterations < 1) throw Error("iterations must be >= 1");
+  // The flush buffer, zero-filled once (flush_l2 reads it), and the sink past it.
   const std::int64_t flush_bytes = kL2FlushFactor * device_info().l2_bytes;
-  void* flush = device_alloc<void>(flush_bytes, "cudaMalloc L2 flush buffer");
+  void* flush = device_alloc<void>(flush_bytes + kL2FlushSinkBytes, "cudaMalloc L2 flush buffer");
+  unsigned* sink = reinterpret_cast<unsigned*>(static_cast<char*>(flush) + flush_bytes);
   cudaEvent_t start = nullptr, stop = nullptr;
   std::vector<float> ms(static_cast<size_t>(iterations));
   try {
+    cuda_check(cudaMemset(flush, 0, static_cast<size_t>(flush_bytes + kL2FlushSinkBytes)),
+               "zero the L2 flush buffer");
     cuda_check(cudaEventCreate(&start), "cudaEventCreate");
     cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
     for (int k = 0; k < warmup; ++k) (this->*launch_fn)();
     for (int k = 0; k < iterations; ++k) {
-      cuda_check(cudaMemsetAsync(flush, k & 0xFF, flush_bytes), "L2 flush");
+      flush_l2(flush, flush_bytes, sink, nullptr);
       cuda_check(cudaEventRecord(start), "cudaEventRecord");
       (this->*launch_fn)();
       cuda_check(cudaEventRecord(stop), "cudaEventRecord");

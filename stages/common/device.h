@@ -82,7 +82,7 @@ class DeviceRun {
   void run(std::vector<float>& O, std::vector<float>& L);
 
   /// `warmup` untimed runs, then `iterations` runs each timed with CUDA
-  /// events, with L2 flushed (a buffer twice its size overwritten) before each.
+  /// events, with L2 flushed (a buffer twice its size read: flush_l2) before each.
   Timing time(int warmup, int iterations);
 
   /// Runs the forward (O and L poisoned first), then poisons dQ, dK and dV,

@@ -39,7 +39,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep import (HIDDEN, ITERS, LONG_N, TOKENS, Parser, add_problem_args,  # noqa: E402
                    check_flashstep, check_problem_args, gpu_facts, paper_problems, write_csv)
-from peers import INPUT_MEAN, L2_FLUSH_FACTOR, short, time_ms  # noqa: E402
+from peers import INPUT_MEAN, flush_buffer, short, time_ms  # noqa: E402
 
 STAGES = "02,05"           # the stages with a backward pass
 PEERS = {"sdpa_efficient_fp32": "EFFICIENT_ATTENTION", "sdpa_math_fp32": "MATH"}
@@ -246,7 +246,7 @@ def main():
         device = torch.device("cuda", torch.cuda.current_device())
         props = torch.cuda.get_device_properties(device)
         gpu_memory = props.total_memory
-        flush = torch.empty(L2_FLUSH_FACTOR * props.L2_cache_size, dtype=torch.uint8, device=device)
+        flush = flush_buffer(torch, device)
         gen = torch.Generator(device=device).manual_seed(args.seed)
 
     problems = paper_problems(args)

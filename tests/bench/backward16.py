@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep import (HIDDEN, ITERS, LONG_N, TOKENS, Parser, add_problem_args,  # noqa: E402
                    check_flashstep, check_problem_args, gpu_facts, paper_problems, write_csv)
-from peers import INPUT_MEAN, L2_FLUSH_FACTOR, short, time_ms  # noqa: E402
+from peers import INPUT_MEAN, flush_buffer, short, time_ms  # noqa: E402
 from backward import flashstep_backward, head0_reference  # noqa: E402
 
 STAGES = "07_tensor_core,07_tensor_core_deterministic"
@@ -148,8 +148,7 @@ def main():
                 torch=torch.__version__ if torch else "")
     if torch:
         device = torch.device("cuda", torch.cuda.current_device())
-        props = torch.cuda.get_device_properties(device)
-        flush = torch.empty(L2_FLUSH_FACTOR * props.L2_cache_size, dtype=torch.uint8, device=device)
+        flush = flush_buffer(torch, device)
         gen = torch.Generator(device=device).manual_seed(args.seed)
 
     problems = paper_problems(args)

@@ -227,8 +227,8 @@ def main():
     flush = None
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = False
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+        from peers import flush_buffer  # noqa: E402  (torch is only needed here)
+        flush = flush_buffer(torch, torch.device("cuda", 0))
     copy_gbs = copy_ceiling_gbs()
 
     points = list(problems(args))

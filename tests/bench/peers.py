@@ -3,8 +3,8 @@
 
 The same problems as sweep.py (hidden 2048: H = 2048/d, B = 16384/N, N in
 {512 ... 16384}, d in {64, 128}, causal and not) and its timing method: CUDA
-events after warm-up, L2 flushed (a buffer twice its size overwritten) before
-each timed run, median and p20/p80; fewer runs from N = 8192 on. Peers:
+events after warm-up, L2 flushed (a buffer twice its size read, as the CLI's
+flush_l2 does) before each timed run, median and p20/p80; fewer runs from N = 8192 on. Peers:
 
   sdpa_efficient_fp32  SDPBackend.EFFICIENT_ATTENTION, float32
   sdpa_math_fp32       SDPBackend.MATH, float32 (materialises S: may run out of memory)
@@ -48,7 +48,7 @@ PEERS = {
 COLUMNS = ["stage", "check", "max err O", "median ms", "p20 ms", "p80 ms", "TFLOP/s",
            "B", "H", "Nq", "Nk", "d", "causal", "iters", "note", "torch",
            "gpu", "driver", "max_sm_clock", "date", "commit"]
-L2_FLUSH_FACTOR = 2    # the flush buffer is this many times the L2 size (as common/device.cpp)
+L2_FLUSH_FACTOR = 2    # the flush buffer is this many times the L2 size (as common/l2_flush.h)
 INPUT_MEAN = 0.5       # common/check.h kInputMean: zero-mean inputs hide errors
 CHECK_ROWS = 64        # query rows (of batch 0, head 0) checked against fp64
 # |got - want| <= atol + rtol*|want| against fp64 on the inputs as the peer saw
@@ -69,14 +69,25 @@ def percentile(sorted_ms, q):
     return sorted_ms[lo] * (1 - t) + sorted_ms[hi] * t
 
 
+def flush_buffer(torch, device):
+    """The L2 flush's buffer: L2_FLUSH_FACTOR times the L2 size of int32 zeros.
+
+    time_ms flushes by reading it (a sum), as the CLI does (common/l2_flush.h):
+    a flush that writes leaves L2 full of dirty lines, and the timed run pays
+    for writing them back (on the H200 8-10 us, a fifth of a short decode)."""
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return torch.zeros(L2_FLUSH_FACTOR * l2 // 4, dtype=torch.int32, device=device)
+
+
 def time_ms(torch, fn, warmup, iters, flush):
-    """Median, p20, p80 of `iters` runs of fn, each after an L2 flush."""
+    """Median, p20, p80 of `iters` runs of fn, each after an L2 flush (flush:
+    flush_buffer's, read)."""
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     stops = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for k in range(iters):
-        flush.fill_(k & 0xFF)
+        flush.sum()
         starts[k].record()
         fn()
         stops[k].record()
@@ -182,8 +193,7 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     device = torch.device("cuda", torch.cuda.current_device())
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    flush = torch.empty(L2_FLUSH_FACTOR * l2, dtype=torch.uint8, device=device)
+    flush = flush_buffer(torch, device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
 
     meta = gpu_facts()
