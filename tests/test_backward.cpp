@@ -314,32 +314,42 @@ TEST_CASE("stage 07's backward model: five products, seven at d = 256 or with th
   CHECK(deterministic->backward_model(p).matmul_flops == 14 * n2d);
   p.d = 256;  // both warps of a key group compute S^T and dP^T
   CHECK(atomic->backward_model(p).matmul_flops == 14 * 4 * n2d);
-  // Causal, 64 x 64 blocks: K/V block j skips the j Q blocks above the
-  // diagonal. At d = 128 the K/V blocks are 128 keys: block j skips 2 j.
+  // Causal, 64 x 64 blocks (the deterministic kernel at d = 64): K/V block
+  // j skips the j Q blocks above the diagonal. With K/V blocks of 128 keys
+  // (d = 128, and the atomic kernel at d = 64) block j skips 2 j.
   p.d = 64;
   p.causal = true;
-  CHECK(atomic->backward_model(p).skipped_tiles == 0 + 1 + 2 + 3);
+  CHECK(deterministic->backward_model(p).skipped_tiles == 0 + 1 + 2 + 3);
+  CHECK(atomic->backward_model(p).skipped_tiles == 0 + 2);
   p.d = 128;
   CHECK(atomic->backward_model(p).skipped_tiles == 0 + 2);
   // The atomic variant writes 4 bytes per dQ element and visited K/V block,
   // and 4 more zeroing the accumulator; its conversion writes dQ as often as
-  // dq_kernel does. Four K/V blocks at d = 64, two at d = 128.
+  // dq_kernel does. Two K/V blocks of 128 keys at d = 64 and 128.
   p.causal = false;
-  for (auto [d, kv_blocks] : {std::pair<std::int64_t, std::int64_t>{64, 4}, {128, 2}}) {
+  for (auto [d, kv_blocks] : {std::pair<std::int64_t, std::int64_t>{64, 2}, {128, 2}}) {
     p.d = d;
     const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
     CHECK(a.hbm_write_bytes - det.hbm_write_bytes == kv_blocks * 256 * d * 4 + 256 * d * 4);
   }
   // The accumulator is padded to whole Q blocks and the bucket's columns; the
-  // adds touch d's columns in whole chunks (dq_chunk: 64, 32 at d = 128):
-  // Nq = 200 has 256 rows of it, d = 40 the bucket's 64 columns, and the adds
-  // all of them; d = 96 the bucket's 128 columns, and the adds 96 (two K/V
-  // blocks of 128 keys).
+  // adds touch d's columns in whole chunks of dq_chunk (32 at d = 64 and
+  // 128, a warp's columns; 64 at d = 256): Nq = 200 has 256 rows of it,
+  // d = 40 the bucket's 64 columns, and the adds all of them; d = 32 half;
+  // d = 96 the bucket's 128 columns, and the adds 96 (two K/V blocks of 128
+  // keys in each case).
+  namespace bwd = flashstep::tensor_core::bwd;
+  CHECK(bwd::dq_chunk(64) == 32);
+  CHECK(bwd::dq_chunk(128) == 32);
+  CHECK(bwd::dq_chunk(256) == bwd::kDQChunk);
   p.Nq = 200;
   p.d = 40;
-  CHECK(flashstep::tensor_core::bwd::dq_accum_rows(p.Nq) == 256);
+  CHECK(bwd::dq_accum_rows(p.Nq) == 256);
   const Cost a = atomic->backward_model(p), det = deterministic->backward_model(p);
-  CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 4 * 256 * 64 * 4 + 256 * 64 * 4);
+  CHECK(a.hbm_write_bytes - det.hbm_write_bytes == 2 * 256 * 64 * 4 + 256 * 64 * 4);
+  p.d = 32;
+  const Cost a32 = atomic->backward_model(p), det32 = deterministic->backward_model(p);
+  CHECK(a32.hbm_write_bytes - det32.hbm_write_bytes == 2 * 256 * 32 * 4 + 256 * 64 * 4);
   p.d = 96;
   const Cost a96 = atomic->backward_model(p), det96 = deterministic->backward_model(p);
   CHECK(a96.hbm_write_bytes - det96.hbm_write_bytes == 2 * 256 * 96 * 4 + 256 * 128 * 4);
@@ -350,8 +360,8 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   // dQ step runs behind the next pair's barrier, the last pair's behind one
   // of its own, then one before the tiles are reused (n + 2 a thread block
   // of n pairs). At d = 64 and 128, one tile: two a pair, then one
-  // (2 n + 1); at d = 128 the second barrier of a pair also hands the 2-D
-  // warp tiles' P^T to dV. The deterministic (dK, dV) kernel has no dQ step
+  // (2 n + 1); there the second barrier of a pair also hands the 2-D warp
+  // tiles' P^T to dV. The deterministic (dK, dV) kernel has no dQ step
   // (n + 1; 2 n + 1 with the 2-D warp tiles of d = 128), its dQ kernel one
   // per K/V block and one at its end.
   const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
@@ -360,32 +370,35 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   CHECK(bwd::ds_tiles(64) == 1);
   CHECK(bwd::ds_tiles(128) == 1);
   CHECK(bwd::ds_tiles(256) == 2);
-  CHECK(bwd::pt_tiles(64) == 0);
-  CHECK(bwd::pt_tiles(128) == 1);
-  CHECK(bwd::pt_tiles(256) == 0);
-  CHECK(bwd::warp_tile_2d(128));
-  CHECK_FALSE(bwd::warp_tile_2d(64));
-  CHECK_FALSE(bwd::warp_tile_2d(256));
-  // N = 256, d = 64: 4 K/V blocks of 64 keys, 4 Q blocks of 64 rows.
+  for (const bool atomic_dq : {true, false}) {
+    CHECK(bwd::pt_tiles(64, atomic_dq) == (atomic_dq ? 1 : 0));
+    CHECK(bwd::pt_tiles(128, atomic_dq) == 1);
+    CHECK(bwd::pt_tiles(256, atomic_dq) == 0);
+    CHECK(bwd::warp_tile_2d(64, atomic_dq) == atomic_dq);
+    CHECK(bwd::warp_tile_2d(128, atomic_dq));
+    CHECK_FALSE(bwd::warp_tile_2d(256, atomic_dq));
+  }
+  // N = 256, d = 64: 2 K/V blocks of 128 keys (atomic, 2-D warp tiles) or 4
+  // of 64 (deterministic), 4 Q blocks of 64 rows.
   Problem p = make_problem(1, 1, 256, 256, 64, false);
   p.dtype = flashstep::DType::kBf16;
-  CHECK(atomic->backward_model(p).barriers == 4 * (2 * 4 + 1));
+  CHECK(atomic->backward_model(p).barriers == 2 * (2 * 4 + 1));
   CHECK(deterministic->backward_model(p).barriers == 4 * (4 + 1) + 4 * (4 + 1));
-  // Causal: K/V block j sees 4 - j Q blocks (10 pairs), Q block i sees i + 1
-  // K/V blocks.
+  // Causal: K/V block j of 128 keys sees 4 - 2 j Q blocks (6 pairs), of 64
+  // keys 4 - j (10 pairs); Q block i sees i + 1 K/V blocks of 64 keys.
   p.causal = true;
-  CHECK(atomic->backward_model(p).barriers == 2 * 10 + 4);
+  CHECK(atomic->backward_model(p).barriers == 2 * 6 + 2);
   CHECK(deterministic->backward_model(p).barriers == (10 + 4) + (10 + 4));
-  // Nk = 320, causal (bottom-right: row r sees keys up to r + 64): 5 K/V
-  // blocks, seen by 4, 4, 3, 2 and 1 Q blocks.
+  // Nk = 320, causal (bottom-right: row r sees keys up to r + 64): 3 K/V
+  // blocks of 128 keys (the last 64), seen by 4, 3 and 1 Q blocks.
   p.Nk = 320;
-  CHECK(atomic->backward_model(p).barriers == 2 * 14 + 5);
+  CHECK(atomic->backward_model(p).barriers == 2 * 8 + 3);
   // Grouped, 4 query heads on one K/V head: 16 pairs a thread block, one
   // block per K/V block.
   p = make_problem(1, 4, 256, 256, 64, false);
   p.H_kv = 1;
   p.dtype = flashstep::DType::kBf16;
-  CHECK(atomic->backward_model(p).barriers == 4 * (2 * 16 + 1));
+  CHECK(atomic->backward_model(p).barriers == 2 * (2 * 16 + 1));
   // d = 128, one dS tile and the 2-D warp tiles: 2 K/V blocks of 128 keys.
   p = make_problem(1, 1, 256, 256, 128, false);
   p.dtype = flashstep::DType::kBf16;
@@ -398,59 +411,84 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   CHECK(atomic->backward_model(p).barriers == 4 * (4 + 2));
 }
 
-TEST_CASE("stage 07's atomic (dK, dV) kernel: shared-memory reads of one pass, product by product") {
-  // One Q block of 64 rows against one K/V block (64 keys at d = 64, 128 at
-  // d = 128): the bytes the warps' ldmatrix read, product by product, as
-  // docs/results/tuning_07/README.md (rounds 8 and 9) counts them against
-  // FlashAttention-2's, plus L and D read once per warp that reads a row's
-  // scores (a key group with 1-D warp tiles, a key range with 2-D ones).
+TEST_CASE("stage 07's (dK, dV) kernels: shared-memory reads of one pass, product by product") {
+  // One Q block of 64 rows against one K/V block (128 keys at d = 128, and
+  // in the atomic kernel at d = 64; 64 keys in the deterministic kernel at
+  // d = 64): the bytes the warps' ldmatrix read, product by product, as
+  // docs/results/tuning_07/README.md (rounds 8, 9 and 10b) counts them
+  // against FlashAttention-2's, plus L and D read once per warp that reads a
+  // row's scores (a key group with 1-D warp tiles, a key range with 2-D
+  // ones).
   const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
+  const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
   namespace bwd = flashstep::tensor_core::bwd;
   constexpr std::int64_t e = 2;  // bf16
-  for (const std::int64_t d : {64, 128}) {
-    const int bucket = static_cast<int>(d);
-    const std::int64_t W = bwd::warps(bucket), Bc = bwd::block_keys(bucket), Br = bwd::kBr;
-    const bool tile_2d = bwd::warp_tile_2d(bucket);
-    CHECK(tile_2d == (d == 128));
-    Problem p = make_problem(1, 1, Br, Bc, d, false);
-    p.dtype = flashstep::DType::kBf16;
-    std::int64_t s_or_dp = 0, dv_or_dk = 0, l_and_d = 0;
-    if (tile_2d) {
-      // S^T and dP^T: each warp its 32 keys of Kj (Vj) and 32 queries of Qi
-      // (dOi), kTileKeyWarps x kTileSideWarps warps.
-      CHECK(bwd::kTileKeyWarps * bwd::kTileSideWarps == W);
-      s_or_dp = W * (32 + 32) * d * e;
-      // dV and dK: each warp its 32 keys of P^T (dS^T) over the 64 queries
-      // and 64 queries x 64 columns of dOi (Qi).
-      dv_or_dk = W * (32 * Br + Br * 64) * e;
-      l_and_d = Br * bwd::kTileKeyWarps * 2 * 4;
-    } else {
-      // S^T and dP^T: each warp its 16 keys of Kj (Vj) once per query slice
-      // and all of Qi (dOi).
-      const std::int64_t slices = Br / bwd::q_slice(bucket, true);
-      CHECK(slices == 2);
-      s_or_dp = W * (slices * 16 + Br) * d * e;
-      // dV and dK: A from registers; each warp all of dOi (Qi), its columns.
-      dv_or_dk = W * Br * d * e;
-      l_and_d = Br * bwd::key_groups(bucket) * 2 * 4;
+  for (const bool atomic_dq : {true, false}) {
+    for (const std::int64_t d : {64, 128}) {
+      CAPTURE(atomic_dq);
+      CAPTURE(d);
+      const int bucket = static_cast<int>(d);
+      const std::int64_t W = bwd::warps(bucket, atomic_dq), Bc = bwd::block_keys(bucket, atomic_dq),
+                         Br = bwd::kBr;
+      const bool tile_2d = bwd::warp_tile_2d(bucket, atomic_dq);
+      CHECK(tile_2d == (atomic_dq || d == 128));
+      Problem p = make_problem(1, 1, Br, Bc, d, false);
+      p.dtype = flashstep::DType::kBf16;
+      std::int64_t s_or_dp = 0, dv_or_dk = 0, l_and_d = 0;
+      if (tile_2d) {
+        // S^T and dP^T: each warp its 32 keys of Kj (Vj) and 32 queries of
+        // Qi (dOi), kTileKeyWarps x kTileSideWarps warps.
+        CHECK(bwd::kTileKeyWarps * bwd::kTileSideWarps == W);
+        s_or_dp = W * (32 + 32) * d * e;
+        // dV and dK: each warp its 32 keys of P^T (dS^T) over the 64
+        // queries and 64 queries x its d / 2 columns of dOi (Qi).
+        dv_or_dk = W * (32 * Br + Br * d / bwd::kTileSideWarps) * e;
+        l_and_d = Br * bwd::kTileKeyWarps * 2 * 4;
+      } else {
+        // S^T and dP^T: each warp its 16 keys of Kj (Vj) once per query
+        // slice and all of Qi (dOi).
+        const std::int64_t slices = Br / bwd::q_slice(bucket, atomic_dq);
+        CHECK(slices == 2);
+        s_or_dp = W * (slices * 16 + Br) * d * e;
+        // dV and dK: A from registers; each warp all of dOi (Qi), its columns.
+        dv_or_dk = W * Br * d * e;
+        l_and_d = Br * bwd::key_groups(bucket, atomic_dq) * 2 * 4;
+      }
+      // dQ (atomic): each row group (4 of 16 rows at d = 64, 2 of 32 at
+      // d = 128: dq_row_groups) reads all of Kj, and each warp its rows of
+      // dS once per chunk of its columns: d / chunk times a row's, over the
+      // warps that share the rows.
+      CHECK(bwd::dq_row_groups(bucket) == (d == 128 ? 2 : 4));
+      CHECK(bwd::dq_chunk(bucket) == 32);
+      const std::int64_t dq = atomic_dq ? (d / bwd::dq_chunk(bucket)) * Br * Bc * e +
+                                              bwd::dq_row_groups(bucket) * Bc * d * e
+                                        : 0;
+      // The deterministic variant's dq_kernel: its warps' rows of Qi and
+      // dOi once (held in registers), all of Kj twice and Vj once per warp.
+      const std::int64_t dq_kernel =
+          atomic_dq ? 0 : 2 * Br * d * e + bwd::kDQWarps * 3 * Bc * d * e;
+      const Stage* stage = atomic_dq ? atomic : deterministic;
+      CHECK(stage->backward_model(p).sram_read_bytes ==
+            2 * s_or_dp + 2 * dv_or_dk + dq + l_and_d + dq_kernel);
+      // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 and a 64 x
+      // 128 one at d = 128. The atomic kernel, with its 2-D warp tiles: 352
+      // KiB a 64 x 128 pass at d = 64 (704 a 128 x 128 area, where round 8's
+      // 1-D tiles read 800: S^T, dP^T 64 each, dV, dK 64, dQ 96) and
+      // FlashAttention-2's 576 KiB a 64 x 128 pass at d = 128 (S^T, dP^T 128
+      // each, dV, dK 96, dQ 128: round 10's 2 x 4 dQ step). The
+      // deterministic kernel: 160 KiB a 64 x 64 pass at d = 64 (1-D tiles:
+      // S^T, dP^T 48, dV, dK 32), 448 a 64 x 128 pass at d = 128.
+      if (atomic_dq) {
+        CHECK(s_or_dp == 64 * (d == 64 ? 1 : 2) * 1024);
+        CHECK(dv_or_dk == (d == 64 ? 64 : 96) * 1024);
+        CHECK(dq == (d == 64 ? 96 : 128) * 1024);
+        CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 352 : 576) * 1024);
+      } else {
+        CHECK(s_or_dp == (d == 64 ? 48 : 128) * 1024);
+        CHECK(dv_or_dk == (d == 64 ? 32 : 96) * 1024);
+        CHECK(2 * s_or_dp + 2 * dv_or_dk == (d == 64 ? 160 : 448) * 1024);
+      }
     }
-    // dQ: each row group (4 of 16 rows; 2 of 32 with 2-D warp tiles) reads
-    // all of Kj, and each warp its rows of dS once per chunk of its columns:
-    // d / chunk times a row's, over the warps that share the rows.
-    CHECK(bwd::dq_row_groups(bucket) == (tile_2d ? 2 : 4));
-    CHECK(bwd::dq_chunk(bucket) == (tile_2d ? 32 : 64));
-    const std::int64_t dq =
-        (d / bwd::dq_chunk(bucket)) * Br * Bc * e + bwd::dq_row_groups(bucket) * Bc * d * e;
-    CHECK(atomic->backward_model(p).sram_read_bytes ==
-          2 * s_or_dp + 2 * dv_or_dk + dq + l_and_d);
-    // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 and a 64 x 128
-    // one at d = 128; this kernel 200 KiB a 64 x 64 pass (800 KiB a 128 x
-    // 128 area) and, with its 2-D warp tiles, FlashAttention-2's 576 KiB a
-    // 64 x 128 pass at d = 128 (S^T, dP^T 128 each, dV, dK 96, dQ 128).
-    CHECK(s_or_dp == (d == 64 ? 48 : 128) * 1024);
-    CHECK(dv_or_dk == (d == 64 ? 32 : 96) * 1024);
-    CHECK(dq == (d == 64 ? 40 : 128) * 1024);
-    CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 200 : 576) * 1024);
   }
 }
 
@@ -522,9 +560,10 @@ TEST_CASE("stage 07's dQ kernel reads its warps' Qi, dOi rows once at d <= 128, 
 }
 
 TEST_CASE("stage 07's backward model on grouped heads: K/V blocks read and dK, dV written once per group") {
-  // B = 1, H = 4, H_kv = 1, N = 256, d = 64 (K/V blocks of 64 keys): the
-  // (dK, dV) kernel runs 4 blocks, not 16, and reads Kj, Vj and writes dK_j,
-  // dV_j once instead of once per query head; all else as the expanded problem.
+  // B = 1, H = 4, H_kv = 1, N = 256, d = 64 (K/V blocks of 128 keys in the
+  // atomic kernel, 64 in the deterministic one): the (dK, dV) kernel runs 2
+  // (4) blocks, not 8 (16), and reads Kj, Vj and writes dK_j, dV_j once
+  // instead of once per query head; all else as the expanded problem.
   for (const char* name : {"07_tensor_core", "07_tensor_core_deterministic"}) {
     const Stage* s = flashstep::select_stages(name).front();
     Problem grouped = make_problem(1, 4, 256, 256, 64, false);
@@ -539,7 +578,10 @@ TEST_CASE("stage 07's backward model on grouped heads: K/V blocks read and dK, d
     CHECK(full.sram_write_bytes - g.sram_write_bytes == 3 * kv_once);
     CHECK(full.sram_read_bytes == g.sram_read_bytes);
     CHECK(full.matmul_flops == g.matmul_flops);
-    CHECK(full.thread_blocks - g.thread_blocks == 4 * (4 - 1));
+    const bool atomic = std::string_view(name) == "07_tensor_core";
+    const std::int64_t kv_blocks = 256 / flashstep::tensor_core::bwd::block_keys(64, atomic);
+    CHECK(kv_blocks == (atomic ? 2 : 4));
+    CHECK(full.thread_blocks - g.thread_blocks == kv_blocks * (4 - 1));
   }
 }
 
@@ -568,7 +610,8 @@ TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the c
   // Ragged edges, Nq > Nk (rows that see no key) and Nq < Nk (keys no row
   // sees), and one shape far past the clamp of tile_diag; every K/V block
   // width the kernels use (the dK, dV kernel's per bucket, the dQ kernel's).
-  for (int Bc : {bwd::block_keys(64), bwd::block_keys(128), bwd::kDQBc}) {
+  for (int Bc : {bwd::block_keys(64, true), bwd::block_keys(64, false), bwd::block_keys(128, true),
+                 bwd::block_keys(128, false), bwd::kDQBc}) {
     for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {130, 67}, {67, 130},
                           {200, 200}, {64, 1000}, {1000, 64}, {255, 257}}) {
       for (bool causal : {false, true}) {

@@ -75,7 +75,7 @@ constexpr int kPassThreads = 256;
 
 template <typename Elem, int kHeadDim, bool kAtomicDQ>
 void launch_bucket(const Problem& p, const BackwardTensors& t, Stream stream) {
-  using C = bwd::BackwardConfig<kHeadDim>;
+  using C = bwd::BackwardConfig<kHeadDim, kAtomicDQ>;
   const auto prm = make_backward_params<Elem>(p, t);
   const std::int64_t rows = p.heads() * p.Nq;
   const auto prep_blocks = static_cast<unsigned>(
@@ -91,9 +91,9 @@ void launch_bucket(const Problem& p, const BackwardTensors& t, Stream stream) {
   const unsigned kv_heads_y = static_cast<unsigned>(std::min(prm.kv_heads, bwd::kMaxGridY));
   const unsigned heads_y = static_cast<unsigned>(std::min(p.heads(), bwd::kMaxGridY));
   const std::int64_t Tc = (p.Nk - 1) / C::kBc + 1;
-  launch_with_smem(bwd::dkdv_kernel<Elem, C, kAtomicDQ>,
+  launch_with_smem(bwd::dkdv_kernel<Elem, C>,
                    dim3(static_cast<unsigned>(Tc), kv_heads_y), C::kThreads,
-                   C::smem_bytes(kAtomicDQ),
+                   C::smem_bytes(),
                    stream, "stage 07 backward: dK, dV kernel", prm);
   if constexpr (kAtomicDQ) {
     const auto blocks = static_cast<unsigned>(

@@ -51,25 +51,30 @@
 // ldmatrix.trans, which transposes on the way (load_a_transposed). Written
 // as dS (queries as rows) the tile took twice the stores, 16-bit ones.
 //
-// At d = 128 dkdv_kernel (atomic or not) tiles the same products in two
-// dimensions instead, as FlashAttention-2 does (warp_tile_2d in
-// tensor_core_backward_tiles.h): warp w computes S^T and dP^T for 32 keys
-// (w % 4) x 32 queries (w / 4), which reads 32 + 32 rows of the operands
-// where 16 keys x 64 queries read 16 + 64 for as many scores, and stores
-// P^T and dS^T (rounded) to shared memory; after a barrier it accumulates
-// dV_j, dK_j for the same 32 keys x 64 columns (w / 4), its A fragments
-// (32 keys x all 64 queries of P^T, dS^T) by ldmatrix from those tiles:
+// At d = 128 dkdv_kernel (atomic or not), and the atomic one at d = 64,
+// tile the same products in two dimensions instead, as FlashAttention-2
+// does (warp_tile_2d in tensor_core_backward_tiles.h), Bc = 128 keys and 8
+// warps: warp w computes S^T and dP^T for 32 keys (w % 4) x 32 queries
+// (w / 4), which reads 32 + 32 rows of the operands where 16 keys x 64
+// queries read 16 + 64 for as many scores, and stores P^T and dS^T
+// (rounded) to shared memory; after a barrier it accumulates dV_j, dK_j for
+// the same 32 keys x d / 2 columns (w / 4), its A fragments (32 keys x all
+// 64 queries of P^T, dS^T) by ldmatrix from those tiles:
 //   S^T  = Kw Qw^T        A: Kw (ldmatrix)      B: Qw, 32 queries (ldmatrix)
 //   dP^T = Vw dOw^T       A: Vw (ldmatrix)      B: dOw, 32 queries (ldmatrix)
-//   dV  += P^T dOi        A: P^T (ldmatrix)     B: dOi, 64 columns (ldmatrix.trans)
-//   dK  += dS^T Qi        A: dS^T (ldmatrix)    B: Qi, 64 columns (ldmatrix.trans)
-//   dQi += dS Kj          A: dS (ldmatrix.trans), 32 queries  B: Kj, 32 columns
-//                         (ldmatrix.trans): FlashAttention-2's 2 x 4 warps
-//                         over dQ_i (dq_row_groups), not the tiles above
-// 576 KiB of ldmatrix a pass, FlashAttention-2's count, instead of 736
-// (docs/results/tuning_07/README.md, rounds 9 and 10), for 16 KiB more
-// stored and a second barrier a pass (the deterministic kernel: 448
-// instead of 640, for 32 KiB stored and a second barrier).
+//   dV  += P^T dOi        A: P^T (ldmatrix)     B: dOi, d / 2 columns (ldmatrix.trans)
+//   dK  += dS^T Qi        A: dS^T (ldmatrix)    B: Qi, d / 2 columns (ldmatrix.trans)
+//   dQi += dS Kj          A: dS (ldmatrix.trans)   B: Kj (ldmatrix.trans), warps
+//                         over dQ_i not as the tiles above (dq_row_groups): at
+//                         d = 128 FlashAttention-2's 2 x 4, 32 queries x 32
+//                         columns a warp; at d = 64 4 x 2, 16 queries x 32
+//                         columns
+// At d = 128, 576 KiB of ldmatrix a pass, FlashAttention-2's count, instead
+// of 736 (docs/results/tuning_07/README.md, rounds 9 and 10), for 16 KiB
+// more stored and a second barrier a pass (the deterministic kernel: 448
+// instead of 640, for 32 KiB stored and a second barrier); at d = 64
+// (atomic), 352 KiB a 64 x 128 pass where two 64 x 64 passes of the 1-D
+// tiles read 400, and half the dQ reductions (round 10b).
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
@@ -77,11 +82,11 @@
 // block i's dQ step runs after block i + 1's one barrier, beside its
 // products: one block barrier per Q block (dkdv_block proves the order
 // race-free); at d = 64 and 128 one dS tile and a second barrier (ds_tiles),
-// at d = 128 beside a P^T tile (pt_tiles; the deterministic kernel has both
-// tiles at d = 128 and none elsewhere). With 1-D warp tiles a warp
-// computes S^T and dP^T for all 64 queries of the Q block at once in the
-// atomic kernel at d = 256, reading its Kw and Vw fragments once a Q block,
-// and for 32 at a time elsewhere, which keeps their accumulators beside
+// with the 2-D warp tiles beside a P^T tile (pt_tiles; the deterministic
+// kernel has both tiles at d = 128 and none elsewhere). With 1-D warp tiles
+// a warp computes S^T and dP^T for all 64 queries of the Q block at once in
+// the atomic kernel at d = 256, reading its Kw and Vw fragments once a Q
+// block, and for 32 at a time elsewhere, which keeps their accumulators beside
 // dK_j's and dV_j's within the registers (q_slice in
 // tensor_core_backward_tiles.h). All tiles but L and D in the
 // forward's swizzled layout (tensor_core.cuh), whose fragment loaders this
@@ -129,21 +134,24 @@ struct BackwardParams {
   bool vec;          // d % 8 == 0 and 16-byte aligned tensors: whole-chunk copies
 };
 
-/// What the head-dimension bucket fixes at compile time.
-template <int kHeadDim_>
+/// What the head-dimension bucket and the variant (dQ by atomics or not)
+/// fix at compile time.
+template <int kHeadDim_, bool kAtomicDQ_>
 struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kKeyGroups = key_groups(kHeadDim);
-  static constexpr int kBc = block_keys(kHeadDim);
+  static constexpr bool kAtomicDQ = kAtomicDQ_;
+  static constexpr int kKeyGroups = key_groups(kHeadDim, kAtomicDQ);
+  static constexpr int kBc = block_keys(kHeadDim, kAtomicDQ);
   static constexpr int kDSplit = d_split(kHeadDim);
-  static constexpr int kWarps = warps(kHeadDim);
+  static constexpr int kWarps = warps(kHeadDim, kAtomicDQ);
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kWarpCols = kHeadDim / kDSplit;  // columns of dK_j, dV_j per warp
   static constexpr int kColTiles = kWarpCols / kMmaN;   // their n8 tiles
   static constexpr int kKeySteps = kBc / kMmaK;         // k16 steps over the keys (dQ)
   static constexpr int kDSteps = kHeadDim / kMmaK;      // k16 steps over d (S^T, dP^T)
-  // The dQ step (atomic variant): warps split dQ_i's rows kDQRowGroups ways,
-  // kDQRowTiles m16 tiles each (dq_row_groups), and its columns the other way.
+  // The dQ step (atomic variant; the deterministic config carries these
+  // unused): warps split dQ_i's rows kDQRowGroups ways, kDQRowTiles m16
+  // tiles each (dq_row_groups), and its columns the other way.
   static constexpr int kDQRowGroups = dq_row_groups(kHeadDim);
   static constexpr int kDQRowTiles = kBr / kDQRowGroups / kMmaM;
   static constexpr int kDQCols = dq_warp_cols(kHeadDim);      // dQ columns per warp
@@ -153,27 +161,32 @@ struct BackwardConfig {
   // Shared memory: Kj, Vj; two buffers of Qi and dOi; two buffers of L and
   // D (fp32); then the dS^T and P^T tiles: in the atomic variant kDSTiles
   // dS tiles (ds_tiles says why one or two) and kPTTiles P^T tiles (one
-  // with the 2-D warp tiles of d = 128, warp_tile_2d); in the deterministic
+  // with the 2-D warp tiles, warp_tile_2d); in the deterministic
   // variant, which has no dQ step, one of each with the 2-D warp tiles (for
   // dK and dV) and none without.
   static constexpr int kDSTiles = ds_tiles(kHeadDim);
-  static constexpr int kPTTiles = pt_tiles(kHeadDim);
+  static constexpr int kPTTiles = pt_tiles(kHeadDim, kAtomicDQ);
   static constexpr int kKVElems = kBc * kHeadDim;
   static constexpr int kQElems = kBr * kHeadDim;
   static constexpr int kDSElems = kBr * kBc;
   static constexpr int kRowFloats = 2 * 2 * kBr;  // L and D, two buffers each
-  static constexpr int smem_bytes(bool atomic_dq) {
-    const int score_tiles = atomic_dq ? kDSTiles + kPTTiles : 2 * kPTTiles;
+  static constexpr int smem_bytes() {
+    const int score_tiles = kAtomicDQ ? kDSTiles + kPTTiles : 2 * kPTTiles;
     return (2 * kKVElems + 4 * kQElems + score_tiles * kDSElems) * 2 + kRowFloats * 4;
   }
-  // The atomic kernel's tiles: 57 KiB at d = 64 (three blocks share an SM,
-  // as its 168 registers a thread allow), 161 KiB at d = 128 (a dS and a
-  // P^T tile; one block, as its registers allow), 209 KiB at d = 256.
-  static_assert(smem_bytes(true) <= sm90::kMaxSmemBytesPerBlock,
+  // The atomic kernel's tiles: 97 KiB at d = 64 (Bc = 128, a dS and a P^T
+  // tile: two blocks would fit an SM's 228 KiB, if the registers allowed),
+  // 161 KiB at d = 128 (a dS and a P^T tile; one block, as its registers
+  // allow), 209 KiB at d = 256. The deterministic kernel's: 33 KiB at
+  // d = 64, 161 KiB at d = 128, 193 KiB at d = 256.
+  static_assert(smem_bytes() <= sm90::kMaxSmemBytesPerBlock,
                 "the dS and P^T tiles fit beside the other tiles in every bucket");
 
-  static_assert(kBr == kDQRowGroups * kDQRowTiles * kMmaM && kWarps % kDQRowGroups == 0,
-                "in the dQ step each row group's warps take whole m16 tiles of query rows");
+  static_assert(!kAtomicDQ || (kBr == kDQRowGroups * kDQRowTiles * kMmaM &&
+                               kWarps % kDQRowGroups == 0 &&
+                               kWarps / kDQRowGroups * kDQCols == kHeadDim),
+                "in the dQ step each row group's warps take whole m16 tiles of query rows "
+                "and together all d columns");
   static_assert(kDQCols % kDQChunkCols == 0 && kChunkTiles % 2 == 0 && kColTiles % 2 == 0,
                 "whole chunks, n8 tiles in pairs");
   static_assert(kHeadDim / kChunkElems >= 8, "the swizzle permutes 8 chunks of a row");
@@ -329,7 +342,8 @@ __device__ inline void product_ab(float (&acc)[kOutTiles][4], const float (&in)[
 /// kHeadDim; both tiles [rows][kHeadDim], both operands by ldmatrix. Each k16
 /// step loads A's fragments once for all n8 tiles and B's once for all m16
 /// tiles: 32 keys x 32 queries read 32 + 32 rows, where a 16 x 64 tile read
-/// 16 + 64. S^T = Kw Qw^T and dP^T = Vw dOw^T of the atomic kernel at d = 128.
+/// 16 + 64. S^T = Kw Qw^T and dP^T = Vw dOw^T of the (dK, dV) kernels at
+/// d = 128, and of the atomic one at d = 64.
 template <typename Elem, int kHeadDim, int kRowTiles, int kTiles>
 __device__ inline void product_abt_2d(float (&acc)[kRowTiles][kTiles][4], const Elem* A,
                                       const Elem* B, int row0, const LaneOffsets<kHeadDim>& at_a,
@@ -368,8 +382,9 @@ __device__ inline void product_abt_2d(float (&acc)[kRowTiles][kTiles][4], const 
 /// as the score step stored them: keys as rows, the kBr queries as the k
 /// depth; ldmatrix), times B, [kBr][kHeadDim] from column 0 of the pointer
 /// (dOi or Qi from the warp's first column: ldmatrix.trans). dV += P^T dOi
-/// and dK += dS^T Qi of the atomic kernel at d = 128: 32 keys x 64 columns
-/// read 32 rows of A and 64 x 64 of B, where 16 x 128 read all of B.
+/// and dK += dS^T Qi of the (dK, dV) kernels at d = 128 (the atomic one at
+/// d = 64 too): 32 keys x d / 2 columns read 32 rows of A and 64 x d / 2 of
+/// B, where 16 x d read all of B.
 template <typename Elem, int kHeadDim, int kRowTiles, int kOutTiles>
 __device__ inline void product_ab_2d(float (&acc)[kRowTiles][kOutTiles][4], const Elem* A,
                                      int row0, const LaneOffsets<kBr>& at_a, const Elem* B,
@@ -524,16 +539,18 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
   // Warp w takes the kRowTiles m16 tiles of query rows of dQ_i from
   // 16 kRowTiles (w % C::kDQRowGroups) on and C::kDQCols of its columns from
   // (w / C::kDQRowGroups) C::kDQCols on, summing over all Bc keys
-  // (dq_row_groups: 16 rows x 64 columns a warp at d = 64, 16 x 128 at
+  // (dq_row_groups: 16 rows x 32 columns a warp at d = 64, 16 x 128 at
   // d = 256, FlashAttention-2's 32 x 32 at d = 128).
   constexpr int kRowTiles = C::kDQRowTiles;
   const int q_row0 = warp % C::kDQRowGroups * kRowTiles * kMmaM;
   const int dq_col0 = warp / C::kDQRowGroups * C::kDQCols;
   // The lane's offsets into Kj from column dq_col0 on. dq_col0 is a runtime
-  // value (0, 32, 64 or 96 at d = 128); passed as a column to a lane table
-  // made at column 0, it would index the table at run time, and the table
-  // would go to local memory (below). Folded into the table's point, the
-  // columns left are compile-time constants.
+  // value (0 or 32 at d = 64; 0, 32, 64 or 96 at d = 128); passed as a
+  // column to a lane table made at column 0, it would index the table at run
+  // time, and the table would go to local memory (below). Folded into the
+  // table's point, the columns left are compile-time constants. (The table's
+  // entries past the tile's row, from column d - dq_col0 on, are wrong and
+  // unused: a warp reads its kDQCols columns only.)
   const LanePoint vp = v_point(lane);
   const LaneOffsets<C::kHeadDim> at_kq(LanePoint{vp.row, vp.col + dq_col0});
   // And into the dS tile for m16 tile mt of its rows, one offset per tile
@@ -591,9 +608,10 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
   }
 }
 
-template <typename Elem, typename C, bool kAtomicDQ>
+template <typename Elem, typename C>
 __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv, int j,
                                   unsigned char* smem) {
+  constexpr bool kAtomicDQ = C::kAtomicDQ;
   constexpr int kBc = C::kBc;
   Elem* Kj = reinterpret_cast<Elem*>(smem);  // [Bc][kHeadDim]
   Elem* Vj = Kj + C::kKVElems;               // [Bc][kHeadDim]
@@ -612,9 +630,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // 1-D warp tiles: queries per slice of S^T and dP^T, and their n8 tiles.
   constexpr int kQSlice = q_slice(C::kHeadDim, kAtomicDQ);
   constexpr int kQTiles = kQSlice / kMmaN;
-  // 2-D warp tiles (warp_tile_2d: d = 128), or 1-D ones (a key group of 16
-  // keys a warp, all d / kDSplit columns).
-  constexpr bool k2D = warp_tile_2d(C::kHeadDim);
+  // 2-D warp tiles (warp_tile_2d: d = 128, and d = 64 atomic), or 1-D ones
+  // (a key group of 16 keys a warp, all d / kDSplit columns).
+  constexpr bool k2D = warp_tile_2d(C::kHeadDim, kAtomicDQ);
   static_assert(!k2D || (kTileKeyWarps * kTileSideWarps == C::kWarps && !kDeferDQ &&
                          C::kDSTiles == 1 && C::kPTTiles == 1 && C::kDSplit == 1),
                 "2-D tiles: every warp one tile, one dS tile, one P^T tile, no d split");
@@ -642,10 +660,15 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // pointer, so that the columns they pass to their lane table (at_bv) stay
   // compile-time constants. Passed as a column it indexed the table at run
   // time, and ptxas put the table in local memory: six local loads every
-  // query slice.
+  // query slice. At d = 64 (2-D tiles, 32 columns a warp) col0 is 0 or 32,
+  // half a span, which the pointer cannot take (the swizzle permutes a
+  // span's chunks by row): there it goes into the point of a lane table of
+  // its own (at_bcol), as dq_step's columns do, and the pointer stays.
+  constexpr bool kColInTable = kGradTiles * kMmaN < sm80::kSwizzleSpan;
   static_assert(C::kWarpCols % sm80::kSwizzleSpan == 0 &&
-                    kGradTiles * kMmaN % sm80::kSwizzleSpan == 0,
-                "col0 moves by whole swizzle spans");
+                    (kColInTable ? k2D && sm80::kSwizzleSpan == kTileSideWarps * kGradTiles * kMmaN
+                                 : kGradTiles * kMmaN % sm80::kSwizzleSpan == 0),
+                "col0 moves by whole swizzle spans, or lies inside the tile's one span");
   const int key0 = j * kBc;
   const int keys_valid = min(kBc, p.Nk - key0);
   Elem* dKh = p.dK + kv * p.Nk * p.d + static_cast<std::int64_t>(key0) * p.d;  // [keys_valid, d]
@@ -683,6 +706,13 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
   const LaneOffsets<kBr> at_ps(a_point(lane));  // A fragments of P^T, dS^T (2-D tiles)
+  // The lane's offsets into dOi, Qi from column col0 on where col0 is half a
+  // span (kColInTable: d = 64; unused elsewhere). Its entries past the row
+  // (columns 64 - col0 on) are wrong and unused: a warp reads its 32 only.
+  const LanePoint vp = v_point(lane);
+  const LaneOffsets<C::kHeadDim> at_bcol(LanePoint{vp.row, vp.col + (kColInTable ? col0 : 0)});
+  const LaneOffsets<C::kHeadDim>& at_grad = kColInTable ? at_bcol : at_bv;
+  const int grad_col0 = kColInTable ? 0 : col0;  // col0 on the pointer
 
   load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(              // line 6
       Kj, p.K + (kv * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
@@ -719,7 +749,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // written before any warp reads it), and barrier k + 1 keeps the next
   // products from rewriting the tile before every warp has read it. The
   // deterministic variant has no dQ step, and no dS tile but at d = 128.
-  // With the 2-D warp tiles (d = 128, both variants) P^T and dS^T both
+  // With the 2-D warp tiles (d = 128, both variants; d = 64, atomic) P^T and dS^T both
   // cross that second barrier, to dV and dK (and the atomic variant's dQ
   // step): the second list below. The pass of pair k, with two tiles,
   // b = left % 2 and b' = 1 - b:
@@ -843,9 +873,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       store_scores_transposed<Elem>(dS, dP, key_row0, q_col0);                   // line 15
       __syncthreads();  // barrier k': the whole P^T and dS^T tiles are in
       product_ab_2d<Elem, C::kHeadDim, kKeyTiles, kGradTiles>(dV, PT, key_row0, at_ps,
-                                                              dOi + col0, at_bv);  // line 12
+                                                              dOi + grad_col0, at_grad);  // line 12
       product_ab_2d<Elem, C::kHeadDim, kKeyTiles, kGradTiles>(dK, dS, key_row0, at_ps,
-                                                              Qi + col0, at_bv);   // line 16
+                                                              Qi + grad_col0, at_grad);   // line 16
       if constexpr (kAtomicDQ) dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
     } else {
       // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
@@ -922,12 +952,12 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
 /// One thread block per (K/V block, K/V head); K/V heads past grid y's limit
 /// by a grid-stride loop. K/V block 0 first: under a causal mask it sees the
 /// most Q blocks.
-template <typename Elem, typename C, bool kAtomicDQ>
+template <typename Elem, typename C>
 __global__ void __launch_bounds__(C::kThreads) dkdv_kernel(const BackwardParams<Elem> p) {
   extern __shared__ uint4 smem_chunks[];  // uint4: 16-byte alignment for cp.async
   auto* smem = reinterpret_cast<unsigned char*>(smem_chunks);
   for (std::int64_t kv = blockIdx.y; kv < p.kv_heads; kv += gridDim.y) {
-    dkdv_block<Elem, C, kAtomicDQ>(p, kv, static_cast<int>(blockIdx.x), smem);
+    dkdv_block<Elem, C>(p, kv, static_cast<int>(blockIdx.x), smem);
   }
 }
 

@@ -11,7 +11,8 @@
 // from a second dS tile: the same terms, in whatever order the atomics
 // land). The (dK, dV) kernels' 2-D warp tiles at d = 128 round P^T and dS^T
 // to p.dtype in shared memory where the 1-D ones round them in registers:
-// the same roundings of the same values, as here.
+// the same roundings of the same values, as here. (At d = 64 the atomic
+// kernel has 2-D tiles too.)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,7 +29,10 @@ void backward_mirror(const Problem& p, const HostBackwardTensors& t) {
   const auto d = static_cast<std::size_t>(p.d);
   const auto scale = static_cast<float>(p.softmax_scale());
   const auto scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
-  const int Bc = bwd::block_keys(head_dim_bucket(p.d));
+  // The atomic (dK, dV) kernel's Bc. The deterministic one's may be smaller
+  // (64 at d = 64): the blocks only group the keys, and every sum below runs
+  // in the same order either way.
+  const int Bc = bwd::block_keys(head_dim_bucket(p.d), true);
   const std::int64_t G = p.group();
   const auto row_elems = static_cast<std::size_t>(p.Nq) * d;
   for (std::int64_t kv = 0; kv < p.B * p.kv_heads(); ++kv) {

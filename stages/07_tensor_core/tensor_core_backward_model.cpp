@@ -17,24 +17,25 @@
 //   dK_j, dV_j written once; the atomic variant's dQ adds read and write
 //   4 bytes per element of the visited Q blocks' whole rows (padding rows
 //   too) and of d's columns rounded up to whole chunks of bwd::dq_chunk
-//   (64 columns, 32 at d = 128: a warp skips the chunks past d).
+//   (64 columns at d = 256, 32 at d = 64 and 128: a warp skips the chunks
+//   past d).
 // - Shared memory writes: Kj, Vj once; Qi, dOi, L, D per visited row; the
 //   atomic variant's dS tile (C_j per row); with 2-D warp tiles
-//   (bwd::warp_tile_2d: d = 128) a P^T tile as much, and the deterministic
-//   variant's dS tile too.
+//   (bwd::warp_tile_2d: d = 128, and the atomic variant at d = 64) a P^T
+//   tile as much, and the deterministic variant's dS tile too.
 // - Shared memory reads, as the warps load fragments: per visited row, the
 //   products S^T = K Q^T and dP^T = V dO^T read Qi's and dOi's d columns once
-//   per warp (W = key groups, 8 up to d = 128 and 4 at d = 256, times the d
-//   split) and each warp its own 16 rows of Kj, Vj per slice of q_slice
-//   queries (one slice a Q block in the atomic variant at d = 256; both
-//   warps of a key group at d = 256); dV += P^T dO and
-//   dK += dS^T Q read dOi and Qi once per key group (each warp its columns);
-//   L and D once per key group. With 2-D warp tiles (d = 128, both
-//   variants), a warp's S^T, dP^T tile of 32 keys x 32 queries reads its keys of Kj, Vj
-//   and its queries of Qi, dOi, so that per visited row and Q block the
+//   per warp (W = key groups, 4 at d = 64 (deterministic) and 256, times
+//   the d split) and each warp its own 16 rows of Kj, Vj per slice of
+//   q_slice queries (one slice a Q block in the atomic variant at d = 256;
+//   both warps of a key group at d = 256); dV += P^T dO and dK += dS^T Q
+//   read dOi and Qi once per key group (each warp its columns); L and D
+//   once per key group. With 2-D warp tiles (d = 128, both variants; d = 64,
+//   atomic), a warp's S^T, dP^T tile of 32 keys x 32 queries reads its keys
+//   of Kj, Vj and its queries of Qi, dOi, so that per visited row and Q block the
 //   kTileSideWarps warps of a key range read all C_j keys and the
 //   kTileKeyWarps warps of a query range all the rows; its dV, dK tile of 32
-//   keys x 64 columns reads its keys' P^T, dS^T rows over all the Q block's
+//   keys x d / 2 columns reads its keys' P^T, dS^T rows over all the Q block's
 //   rows (kTileSideWarps times a row's C_j) and its columns of dOi, Qi
 //   (kTileKeyWarps times a row's d); L and D once per warp whose queries
 //   hold the row (kTileKeyWarps).
@@ -42,8 +43,8 @@
 //   per row once per chunk of dq_chunk columns (each chunk reloads its
 //   warp's dS fragments; a row's chunks, over the warps that share its
 //   rows, cover d rounded up to whole chunks) and Kj's C_j d per Q block
-//   per row group (bwd::dq_row_groups: 4 groups of 16 rows, 2 of 32 with
-//   the 2-D warp tiles).
+//   per row group (bwd::dq_row_groups: 4 groups of 16 rows, 2 of 32 at
+//   d = 128).
 // - Matmul FLOPs: the five products, 2 C_j d per row each; at d = 256 the two
 //   warps of a key group both compute S^T and dP^T (counted: executed work).
 //   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
@@ -60,9 +61,9 @@
 //   reused; in the atomic variant with two dS tiles (bwd::ds_tiles, d = 256)
 //   once more after the pairs, for the last pair's dQ step (each pair's dQ
 //   step runs behind the next pair's barrier), with one tile once more per
-//   pair (between its products and its dQ step); with 2-D warp tiles, both
-//   variants, once more per pair (between S^T, dP^T and the other
-//   products); not at all when no row sees its K/V block. A dQ kernel
+//   pair (between its products and its dQ step); with 2-D warp tiles
+//   (d = 128, both variants; d = 64, atomic) once more per pair (between
+//   S^T, dP^T and the other products); not at all when no row sees its K/V block. A dQ kernel
 //   block meets once per K/V block and once at its end.
 #include <algorithm>
 
@@ -86,11 +87,11 @@ Cost backward_model(const Problem& p) {
   const std::int64_t e = p.elem_bytes();
   const std::int64_t d = p.d;
   const std::int64_t split = bwd::d_split(bucket);
-  const std::int64_t warps = bwd::warps(bucket);
-  const std::int64_t groups = bwd::key_groups(bucket);
-  const std::int64_t Bc = bwd::block_keys(bucket);
+  const std::int64_t warps = bwd::warps(bucket, kAtomicDQ);
+  const std::int64_t groups = bwd::key_groups(bucket, kAtomicDQ);
+  const std::int64_t Bc = bwd::block_keys(bucket, kAtomicDQ);
   const bool defer_dq = kAtomicDQ && bwd::ds_tiles(bucket) == 2;
-  const bool tile_2d = bwd::warp_tile_2d(bucket);
+  const bool tile_2d = bwd::warp_tile_2d(bucket, kAtomicDQ);
   const std::int64_t barriers_per_pair = (kAtomicDQ && !defer_dq) || tile_2d ? 2 : 1;
   // 16-bit score tiles a pass stores (C_j per row each): P^T and dS^T with
   // 2-D warp tiles, else dS^T for the atomic variant's dQ step.

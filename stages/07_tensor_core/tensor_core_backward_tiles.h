@@ -12,25 +12,36 @@
 namespace flashstep::tensor_core::bwd {
 
 /// Key groups of 16 keys per K/V block, one m16 tile of rows each: 8 at
-/// d = 128, 4 at d = 64 and 256. A warp owns one key group for the whole
+/// d = 128 and, in the atomic kernel, at d = 64; 4 at d = 256 and in the
+/// deterministic kernel at d = 64. A warp owns one key group for the whole
 /// life of the block (Kj, Vj, and the rows of dK_j and dV_j it accumulates),
-/// so the block's Bc is 16 times the key groups and its registers per thread
-/// do not depend on Bc. (At d = 128 the kernels tile the same 8 warps in two
-/// dimensions instead, 32 keys a warp: warp_tile_2d.)
+/// so the block's Bc is 16 times the key groups and a warp's accumulators do
+/// not grow with Bc. (With 8 key groups the kernels tile the same 8 warps
+/// in two dimensions instead, 32 keys a warp: warp_tile_2d.)
 /// - d = 128: Bc = 128 with 8 warps, FlashAttention-2's choice
 ///   (Flash_bwd_kernel_traits<128, 64, 128, 8, ...>). Each Q block that
 ///   streams past is loaded, and its dQ added by atomics, once per 128 keys
 ///   instead of per 64: half the L2 reductions (ncu, N = 4096: 403 M sectors
 ///   to 201 M) and the atomic backward 10 % faster.
-/// - d = 64: Bc = 64 with 4 warps. Bc = 128 halved the reductions there too
-///   but took the SM from three blocks of 4 warps to one of 8 (218 registers
-///   a thread), and was no faster for the atomic variant (6.57 ms to 6.64)
-///   and 15 % slower for the deterministic one (3.85 to 4.43 ms).
+/// - d = 64, atomic: Bc = 128 with 8 warps in 2-D tiles (round 10b of
+///   docs/results/tuning_07/README.md), for half the reductions again, as
+///   FlashAttention-2 (<64, 128, 128, 8, ...>). With 1-D tiles Bc = 128 had
+///   halved them too but took the SM from three blocks of 4 warps to one
+///   of 8 (218 registers a thread), and was no faster (6.57 ms to 6.64);
+///   the 2-D tiles read 352 KiB of ldmatrix a 64 x 128 pass where those
+///   read 416 and Bc = 64 reads 400 (two passes).
+/// - d = 64, deterministic: Bc = 64 with 4 warps; Bc = 128 with 1-D tiles
+///   was 15 % slower (3.85 to 4.43 ms), and the kernel has no reductions to
+///   halve.
 /// - d = 256: Bc = 64; Bc = 128 would take 256 KiB of shared memory for Kj
 ///   and Vj alone.
-constexpr int key_groups(int head_dim_bucket) { return head_dim_bucket == 128 ? 8 : 4; }
+constexpr int key_groups(int head_dim_bucket, bool atomic_dq) {
+  return head_dim_bucket == 128 || (head_dim_bucket == 64 && atomic_dq) ? 8 : 4;
+}
 /// Keys per K/V block of the (dK, dV) kernel: the paper's Bc.
-constexpr int block_keys(int head_dim_bucket) { return 16 * key_groups(head_dim_bucket); }
+constexpr int block_keys(int head_dim_bucket, bool atomic_dq) {
+  return 16 * key_groups(head_dim_bucket, atomic_dq);
+}
 /// The largest Bc of any bucket.
 inline constexpr int kMaxBc = 128;
 
@@ -45,11 +56,12 @@ inline constexpr int kBr = 64;
 /// of all kBr = 64 queries reads them once a Q block where two of 32 read
 /// them twice: at d = 128, 64 KiB of ldmatrix reads a (Q block, K/V block)
 /// pass less, of 800 (docs/results/tuning_07/README.md, round 8). Only the
-/// 1-D warp tiles take slices (d = 64 and 256; at d = 128 the 2-D tiles,
-/// warp_tile_2d, have none). ptxas -v on sm_90 (CUDA 13), bf16 and fp16:
+/// 1-D warp tiles take slices (d = 256, and the deterministic kernel at
+/// d = 64; the 2-D tiles, warp_tile_2d, have none). ptxas -v on sm_90
+/// (CUDA 13), bf16 and fp16:
 /// - atomic kernel, d = 256: one slice of 64, 255 registers, no spill.
-/// - d = 64: slices of 32. With 64, 215 registers (atomic) and 181
-///   (deterministic) would leave two blocks of 4 warps an SM instead of
+/// - d = 64: slices of 32. With 64, 215 registers (atomic, then 1-D) and
+///   181 (deterministic) would leave two blocks of 4 warps an SM instead of
 ///   three (168 is three's limit).
 /// - deterministic kernel, d = 256: slices of 32, as before round 8.
 FLASHSTEP_HOST_DEVICE constexpr int q_slice(int head_dim_bucket, bool atomic_dq) {
@@ -64,13 +76,13 @@ FLASHSTEP_HOST_DEVICE constexpr int q_slice(int head_dim_bucket, bool atomic_dq)
 constexpr int d_split(int head_dim_bucket) { return head_dim_bucket > 128 ? 2 : 1; }
 
 /// Warps per block of the main (dK, dV) kernel.
-constexpr int warps(int head_dim_bucket) {
-  return key_groups(head_dim_bucket) * d_split(head_dim_bucket);
+constexpr int warps(int head_dim_bucket, bool atomic_dq) {
+  return key_groups(head_dim_bucket, atomic_dq) * d_split(head_dim_bucket);
 }
 
 /// Columns of dQ one warp computes at a time from dS_ij K_j (fp32
 /// accumulators, 32 registers), before its atomic adds: all of a warp's
-/// columns at d = 64 (64) and d = 128 (32, dq_row_groups), half of them at
+/// columns at d = 64 and d = 128 (32 each, dq_row_groups), half of them at
 /// d = 256 (dq_chunk). Each chunk reloads the warp's dS A fragments (its
 /// query rows x Bc keys), so one chunk of 64 reads them once where two of 32
 /// read them twice: at d = 128 with 1-D warp tiles, 32 KiB of ldmatrix reads
@@ -80,10 +92,10 @@ constexpr int warps(int head_dim_bucket) {
 /// the S^T and dP^T accumulators are dead, before a pass's products at
 /// d = 256 and after them at d = 64 and 128. (An earlier kernel, whose dQ
 /// step ran beside them, spilled 44 bytes a thread at d = 128 with 64.)
-/// The price: where d is not a multiple of 64 a warp adds up to 32 columns
-/// of zeros into the accumulator's padding that chunks of 32 skipped (at
-/// d <= 32, twice the reductions), as the model counts (dq_cols); not at
-/// d = 128, whose chunks are 32.
+/// The price, at d = 256 only (the other buckets' chunks are 32): where d
+/// is not a multiple of 64 a warp adds up to 32 columns of zeros into the
+/// accumulator's padding that chunks of 32 skipped, as the model counts
+/// (dq_cols).
 inline constexpr int kDQChunk = 64;
 
 /// Rows per head of the atomic variant's fp32 dQ accumulator: Nq rounded up
@@ -131,39 +143,50 @@ inline constexpr int kDQBc = 64;
 constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 128; }
 
 /// Whether the (dK, dV) kernels tile their products by 2-D warp tiles, as
-/// FlashAttention-2 does at d = 128 (Flash_bwd_kernel_traits<128, 64, 128,
-/// 8, 2, 4, 2, ...>): at d = 128 only, atomic and deterministic alike. The 8
-/// warps then split S^T and dP^T as kTileKeyWarps x kTileSideWarps tiles of
-/// 32 keys x 32 queries, and dV_j, dK_j as tiles of 32 keys x 64 columns. A
-/// warp's dV_j and dK_j rows then need all 64 queries of P^T and dS^T,
-/// where it computed 32: both go through shared memory, behind a second
-/// barrier a pass. ldmatrix a (Q block, K/V block) pass: 608 KiB instead of
-/// 736 in the atomic kernel (576 with its dQ step's 2-D layout too,
-/// dq_row_groups), 448 instead of 640 in the deterministic one, which pays
-/// 32 KiB more shared memory (129 -> 161 KiB, still the one block an SM its
-/// registers allow; docs/results/tuning_07/README.md, rounds 9 and 10).
-/// Not at d = 64, where a 2-D tile halves S^T and dP^T's reads only with
-/// Br = 128 and 8 warps, which lost to three blocks of 4 (block_keys);
-/// not at d = 256, where each warp already holds half of dK_j's and dV_j's
-/// columns (d_split).
-FLASHSTEP_HOST_DEVICE constexpr bool warp_tile_2d(int head_dim_bucket) {
-  return head_dim_bucket == 128;
+/// FlashAttention-2 does (Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2,
+/// ...> at d = 128, <64, 128, 128, 8, 2, 4, 4, ...> at d = 64): at d = 128,
+/// atomic and deterministic alike, and at d = 64 in the atomic kernel. The
+/// 8 warps then split S^T and dP^T as kTileKeyWarps x kTileSideWarps tiles
+/// of 32 keys x 32 queries, and dV_j, dK_j as tiles of 32 keys x d / 2
+/// columns. A warp's dV_j and dK_j rows then need all 64 queries of P^T and
+/// dS^T, where it computed 32: both go through shared memory, behind a
+/// second barrier a pass. ldmatrix a (Q block, K/V block) pass at d = 128:
+/// 608 KiB instead of 736 in the atomic kernel (576 with its dQ step's 2-D
+/// layout too, dq_row_groups), 448 instead of 640 in the deterministic one,
+/// which pays 32 KiB more shared memory (129 -> 161 KiB, still the one
+/// block an SM its registers allow; docs/results/tuning_07/README.md,
+/// rounds 9 and 10). At d = 64 (atomic, Bc = 128: key_groups) 352 KiB a
+/// 64 x 128 pass where two passes of the 1-D tiles at Bc = 64 read 400, and
+/// half the dQ reductions (round 10b). Not in the deterministic kernel at
+/// d = 64, which keeps Bc = 64 (key_groups); not at d = 256, where each
+/// warp already holds half of dK_j's and dV_j's columns (d_split).
+FLASHSTEP_HOST_DEVICE constexpr bool warp_tile_2d(int head_dim_bucket, bool atomic_dq) {
+  return head_dim_bucket == 128 || (head_dim_bucket == 64 && atomic_dq);
 }
 /// The 2-D tiles' warps along the Bc = 128 keys: 32 keys a warp, two m16
 /// tiles, the rows of its S^T, dP^T and of its dK_j, dV_j alike.
 inline constexpr int kTileKeyWarps = 4;
 /// And along the other side: the kBr = 64 queries of S^T and dP^T (32 a
 /// warp, four n8 tiles: with the two m16 tiles, 32 fp32 registers each, the
-/// accumulators of one query slice of 64 before), and the 128 columns of
-/// dK_j and dV_j (64 a warp, 64 registers each, as before).
+/// accumulators of one query slice of 64 before), and the d columns of
+/// dK_j and dV_j (64 a warp at d = 128, 64 registers each, as before; 32 at
+/// d = 64, 32 registers each).
 inline constexpr int kTileSideWarps = 2;
 
 /// Row groups of the atomic kernel's dQ step: warp w takes the kBr /
 /// dq_row_groups query rows from (w % dq_row_groups) kBr / dq_row_groups on
 /// of dQ_i, and its columns by w / dq_row_groups, summing over all Bc keys.
-/// - 1-D warp tiles (d = 64 and 256): 4 groups of 16 rows (one m16 tile),
-///   all d columns with 4 warps (d = 64), half of them with 8 (d = 256).
-/// - 2-D warp tiles (d = 128): FlashAttention-2's 2 x 4 layout of dQ
+/// - d = 256 (1-D warp tiles, 8 warps): 4 groups of 16 rows (one m16 tile),
+///   2 warps of 128 columns each (two chunks of 64, dq_chunk).
+/// - d = 64 (2-D warp tiles, 8 warps): 4 groups of 16 rows, 2 warps of 32
+///   columns each: FlashAttention-2's 4 x 2 layout at d = 64 (AtomLayoutMdQ
+///   = 4 in Flash_bwd_kernel_traits<64, 128, 128, 8, 2, 4, 4, ...>; its
+///   Br = 128 gives a warp 32 rows, this Br = 64 gives 16). The 2 x 4 layout
+///   of d = 128 would read no fewer bytes here: 32 rows x 16 columns a warp
+///   read dS twice as often (four chunks of 16 a row, not two of 32) and Kj
+///   half as often, 64 + 32 KiB of ldmatrix a pass where 4 x 2 reads 32 +
+///   64, with as many accumulators (16 registers) and atomics.
+/// - d = 128 (2-D warp tiles): FlashAttention-2's 2 x 4 layout of dQ
 ///   (AtomLayoutMdQ = 2 in Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4,
 ///   2, ...>): 2 groups of 32 rows (two m16 tiles), 4 warps of 32 columns
 ///   each. A warp reads its 32 rows of dS (x Bc keys) and Kj's Bc keys x its
@@ -172,15 +195,15 @@ inline constexpr int kTileSideWarps = 2;
 ///   (docs/results/tuning_07/README.md, round 10). A warp's accumulators
 ///   stay 32 registers (32 x 32 where 16 x 64 were).
 constexpr int dq_row_groups(int head_dim_bucket) {
-  return warp_tile_2d(head_dim_bucket) ? kBr / 32 : kBr / 16;
+  return head_dim_bucket == 128 ? kBr / 32 : kBr / 16;
 }
-/// A warp's columns of dQ_i in the dQ step: the bucket's d over the warps of
-/// a row group.
+/// A warp's columns of dQ_i in the dQ step: the bucket's d over the atomic
+/// kernel's warps of a row group.
 constexpr int dq_warp_cols(int head_dim_bucket) {
-  return head_dim_bucket * dq_row_groups(head_dim_bucket) / warps(head_dim_bucket);
+  return head_dim_bucket * dq_row_groups(head_dim_bucket) / warps(head_dim_bucket, true);
 }
 /// The dQ step's chunk of columns (kDQChunk): a warp's all where they are
-/// fewer (32 at d = 128).
+/// fewer (32 at d = 64 and 128).
 constexpr int dq_chunk(int head_dim_bucket) {
   return dq_warp_cols(head_dim_bucket) < kDQChunk ? dq_warp_cols(head_dim_bucket) : kDQChunk;
 }
@@ -188,17 +211,19 @@ constexpr int dq_chunk(int head_dim_bucket) {
 /// The atomic (dK, dV) kernel's dS tiles. Two (d = 256): a Q block's dQ step
 /// runs in the next block's pass, behind its one barrier, reading one tile
 /// while the products write the other. One (d = 64 and 128): the dQ step
-/// follows the products behind a second barrier of its own, which at
-/// d = 128 the 2-D warp tiles need anyway (warp_tile_2d: there the second
-/// tile holds P^T). On the H200 two tiles were faster than one at d = 128
-/// before the 2-D tiles and slower at d = 64 (docs/results/tuning_07/
+/// follows the products behind a second barrier of its own, which the 2-D
+/// warp tiles need anyway (warp_tile_2d: there the second tile holds P^T).
+/// On the H200 two tiles were faster than one at d = 128 before the 2-D
+/// tiles and slower at d = 64, before them too (docs/results/tuning_07/
 /// README.md, round 6); d = 256 takes two, where the deferred dQ step also
 /// left ptxas no spill (one tile: 12 bytes).
 constexpr int ds_tiles(int head_dim_bucket) { return head_dim_bucket == 256 ? 2 : 1; }
 /// The (dK, dV) kernels' P^T tiles: one with 2-D warp tiles, else none (P^T
 /// stays in the registers of the warp that computed it). The deterministic
 /// kernel, which has no dQ step, has a dS tile beside it then, for dK.
-constexpr int pt_tiles(int head_dim_bucket) { return warp_tile_2d(head_dim_bucket) ? 1 : 0; }
+constexpr int pt_tiles(int head_dim_bucket, bool atomic_dq) {
+  return warp_tile_2d(head_dim_bucket, atomic_dq) ? 1 : 0;
+}
 
 
 /// Grid y holds at most 65535 blocks; beyond that one block takes the same
