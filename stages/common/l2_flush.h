@@ -24,7 +24,7 @@ inline constexpr std::int64_t kL2FlushSinkBytes = 16;
 /// Reads `bytes` of `buffer` (16-byte aligned, a multiple of 16 bytes) once,
 /// on `stream`. A flush that *reads* leaves L2 holding clean lines; one that
 /// writes (a memset) leaves it full of dirty ones, and the next kernel then
-/// pays for writing them back: on the H200 (60 MiB of L2) about 8 to 10 us
+/// pays for writing them back: on the H200 (60 MiB of L2) about 6 to 10 us
 /// added to every timed run, a fifth of a 40 us decode (cuDNN's bf16
 /// decoding kernel, measured: docs/results/tuning_09/README.md, run 11).
 /// The timed runs start from what a profiler's cache control gives: an L2

@@ -74,7 +74,7 @@ def flush_buffer(torch, device):
 
     time_ms flushes by reading it (a sum), as the CLI does (common/l2_flush.h):
     a flush that writes leaves L2 full of dirty lines, and the timed run pays
-    for writing them back (on the H200 8-10 us, a fifth of a short decode)."""
+    for writing them back (on the H200 6-10 us, a fifth of a short decode)."""
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     return torch.zeros(L2_FLUSH_FACTOR * l2 // 4, dtype=torch.int32, device=device)
 
