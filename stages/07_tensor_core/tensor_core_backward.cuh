@@ -177,7 +177,7 @@ struct BackwardConfig {
   // The atomic kernel's tiles: 97 KiB at d = 64 (Bc = 128, a dS and a P^T
   // tile: two blocks would fit an SM's 228 KiB, if the registers allowed),
   // 161 KiB at d = 128 (a dS and a P^T tile; one block, as its registers
-  // allow), 209 KiB at d = 256. The deterministic kernel's: 33 KiB at
+  // allow), 209 KiB at d = 256. The deterministic kernel's: 49 KiB at
   // d = 64, 161 KiB at d = 128, 193 KiB at d = 256.
   static_assert(smem_bytes() <= sm90::kMaxSmemBytesPerBlock,
                 "the dS and P^T tiles fit beside the other tiles in every bucket");

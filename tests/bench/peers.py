@@ -4,7 +4,8 @@
 The same problems as sweep.py (hidden 2048: H = 2048/d, B = 16384/N, N in
 {512 ... 16384}, d in {64, 128}, causal and not) and its timing method: CUDA
 events after warm-up, L2 flushed (a buffer twice its size read, as the CLI's
-flush_l2 does) before each timed run, median and p20/p80; fewer runs from N = 8192 on. Peers:
+flush_l2 does) before each timed run, median and p20/p80; fewer runs from
+N = 8192 on. Peers:
 
   sdpa_efficient_fp32  SDPBackend.EFFICIENT_ATTENTION, float32
   sdpa_math_fp32       SDPBackend.MATH, float32 (materialises S: may run out of memory)
