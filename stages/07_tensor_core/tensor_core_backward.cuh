@@ -54,27 +54,30 @@
 // At d = 128 dkdv_kernel (atomic or not), and the atomic one at d = 64,
 // tile the same products in two dimensions instead, as FlashAttention-2
 // does (warp_tile_2d in tensor_core_backward_tiles.h), Bc = 128 keys and 8
-// warps: warp w computes S^T and dP^T for 32 keys (w % 4) x 32 queries
-// (w / 4), which reads 32 + 32 rows of the operands where 16 keys x 64
-// queries read 16 + 64 for as many scores, and stores P^T and dS^T
-// (rounded) to shared memory; after a barrier it accumulates dV_j, dK_j for
-// the same 32 keys x d / 2 columns (w / 4), its A fragments (32 keys x all
-// 64 queries of P^T, dS^T) by ldmatrix from those tiles:
-//   S^T  = Kw Qw^T        A: Kw (ldmatrix)      B: Qw, 32 queries (ldmatrix)
-//   dP^T = Vw dOw^T       A: Vw (ldmatrix)      B: dOw, 32 queries (ldmatrix)
+// warps: warp w computes S^T and dP^T for 32 keys (w % 4) x Br / 2 queries
+// (w / 4; Br = 64 queries a pass at d = 128, 128 at d = 64: q_block), which
+// reads 32 + 32 rows of the operands where 16 keys x 64 queries read 16 +
+// 64 for as many scores (32 + 64 for twice as many at d = 64), and stores
+// P^T and dS^T (rounded) to shared memory; after a barrier it accumulates
+// dV_j, dK_j for the same 32 keys x d / 2 columns (w / 4), its A fragments
+// (32 keys x all Br queries of P^T, dS^T) by ldmatrix from those tiles:
+//   S^T  = Kw Qw^T        A: Kw (ldmatrix)      B: Qw, Br / 2 queries (ldmatrix)
+//   dP^T = Vw dOw^T       A: Vw (ldmatrix)      B: dOw, Br / 2 queries (ldmatrix)
 //   dV  += P^T dOi        A: P^T (ldmatrix)     B: dOi, d / 2 columns (ldmatrix.trans)
 //   dK  += dS^T Qi        A: dS^T (ldmatrix)    B: Qi, d / 2 columns (ldmatrix.trans)
 //   dQi += dS Kj          A: dS (ldmatrix.trans)   B: Kj (ldmatrix.trans), warps
 //                         over dQ_i not as the tiles above (dq_row_groups): at
 //                         d = 128 FlashAttention-2's 2 x 4, 32 queries x 32
-//                         columns a warp; at d = 64 4 x 2, 16 queries x 32
-//                         columns
+//                         columns a warp; at d = 64 its 4 x 2, 32 queries x
+//                         32 columns
 // At d = 128, 576 KiB of ldmatrix a pass, FlashAttention-2's count, instead
 // of 736 (docs/results/tuning_07/README.md, rounds 9 and 10), for 16 KiB
 // more stored and a second barrier a pass (the deterministic kernel: 448
 // instead of 640, for 32 KiB stored and a second barrier); at d = 64
-// (atomic), 352 KiB a 64 x 128 pass where two 64 x 64 passes of the 1-D
-// tiles read 400, and half the dQ reductions (round 10b).
+// (atomic), 576 KiB a 128 x 128 pass, 288 a 64 x 128 area, FlashAttention-2's
+// count, where passes of 64 queries read 352 a 64 x 128 pass (round 10b)
+// and two 64 x 64 passes of the 1-D tiles 400, with two barriers a 128 x
+// 128 pass instead of four (round 11).
 //
 // Shared memory: Kj and Vj for the block's life; Qi, dOi, and their rows' L
 // and D double-buffered (cp.async brings block i + 1 while block i computes);
@@ -141,6 +144,9 @@ struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kAtomicDQ = kAtomicDQ_;
   static constexpr int kKeyGroups = key_groups(kHeadDim, kAtomicDQ);
+  // Query rows per pass (q_block): 128 in the atomic kernel at d = 64, else
+  // kBr. The sizes below that name kBr are this one's.
+  static constexpr int kBr = q_block(kHeadDim, kAtomicDQ);
   static constexpr int kBc = block_keys(kHeadDim, kAtomicDQ);
   static constexpr int kDSplit = d_split(kHeadDim);
   static constexpr int kWarps = warps(kHeadDim, kAtomicDQ);
@@ -174,8 +180,8 @@ struct BackwardConfig {
     const int score_tiles = kAtomicDQ ? kDSTiles + kPTTiles : 2 * kPTTiles;
     return (2 * kKVElems + 4 * kQElems + score_tiles * kDSElems) * 2 + kRowFloats * 4;
   }
-  // The atomic kernel's tiles: 97 KiB at d = 64 (Bc = 128, a dS and a P^T
-  // tile: two blocks would fit an SM's 228 KiB, if the registers allowed),
+  // The atomic kernel's tiles: 162 KiB at d = 64 (Bc = 128, passes of 128
+  // queries, a dS and a P^T tile; one block an SM, as its registers allow),
   // 161 KiB at d = 128 (a dS and a P^T tile; one block, as its registers
   // allow), 209 KiB at d = 256. The deterministic kernel's: 49 KiB at
   // d = 64, 161 KiB at d = 128, 193 KiB at d = 256.
@@ -234,16 +240,18 @@ __device__ inline void accumulator_to_a(std::uint32_t (&a)[4], const float (&acc
 }
 
 /// The A fragment of k depth k0 .. k0 + 15 of a matrix held TRANSPOSED in a
-/// [k][kBr] tile (dS_ij^T: keys as rows, queries as columns), at the rows m0
-/// .. m0 + 15 fixed by lane_at, the lane's offset at k0 = 0 (dst_lane_offset).
-/// ldmatrix.trans transposes each 8 x 8 block on the way in.
-template <typename Elem>
+/// [k][kCols] tile (dS_ij^T: keys as rows, the pass's kCols = Br queries as
+/// columns), at the rows m0 .. m0 + 15 fixed by lane_at, the lane's offset
+/// at k0 = 0 (dst_lane_offset). ldmatrix.trans transposes each 8 x 8 block
+/// on the way in.
+template <typename Elem, int kCols>
 __device__ inline void load_a_transposed(std::uint32_t (&a)[4], const Elem* tile, int lane_at,
                                          int k0) {
-  sm80::ldmatrix_x4_trans(a, tile + lane_at + k0 * kBr);  // k0 % 8 == 0: the swizzle is unchanged
+  // k0 % 8 == 0: the swizzle is unchanged
+  sm80::ldmatrix_x4_trans(a, tile + lane_at + k0 * kCols);
 }
 
-/// A lane's ldmatrix.trans address (in elements) in a [k][kBr] transposed
+/// A lane's ldmatrix.trans address (in elements) in a [k][kCols] transposed
 /// tile for rows m0 .. m0 + 15 of the A fragment, at k0 = 0. A's registers
 /// are the 8 x 8 blocks (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15),
 /// (m 8-15, k 8-15), which in the transposed tile are (k 0-7, m 0-7), (k 0-7,
@@ -252,9 +260,10 @@ __device__ inline void load_a_transposed(std::uint32_t (&a)[4], const Elem* tile
 /// (the B fragment of Q K^T has the same blocks in the same order). m0
 /// depends on the warp, a runtime value: looked up in a LaneOffsets table it
 /// would put the table in local memory, so it is computed once here.
+template <int kCols>
 __device__ inline int dst_lane_offset(int m0) {
   const LanePoint point = k_point(threadIdx.x % kWarpSize);
-  return tile_offset<kBr, true>(point.row, m0 + point.col);
+  return tile_offset<kCols, true>(point.row, m0 + point.col);
 }
 
 /// acc[16 rows x kTiles * 8] = 16 rows of A times tile B^T, over the k16
@@ -379,13 +388,13 @@ __device__ inline void product_abt_2d(float (&acc)[kRowTiles][kTiles][4], const 
 
 /// The 2-D warp tile of a product A B (warp_tile_2d): acc[kRowTiles m16 tiles
 /// x kOutTiles n8 tiles] += rows row0 .. of tile A, [Bc][kBr] (P^T or dS^T
-/// as the score step stored them: keys as rows, the kBr queries as the k
-/// depth; ldmatrix), times B, [kBr][kHeadDim] from column 0 of the pointer
+/// as the score step stored them: keys as rows, the pass's kBr queries as
+/// the k depth; ldmatrix), times B, [kBr][kHeadDim] from column 0 of the pointer
 /// (dOi or Qi from the warp's first column: ldmatrix.trans). dV += P^T dOi
 /// and dK += dS^T Qi of the (dK, dV) kernels at d = 128 (the atomic one at
-/// d = 64 too): 32 keys x d / 2 columns read 32 rows of A and 64 x d / 2 of
-/// B, where 16 x d read all of B.
-template <typename Elem, int kHeadDim, int kRowTiles, int kOutTiles>
+/// d = 64 too): 32 keys x d / 2 columns read 32 rows of A and kBr x d / 2
+/// of B, where 16 x d read all of B.
+template <typename Elem, int kHeadDim, int kBr, int kRowTiles, int kOutTiles>
 __device__ inline void product_ab_2d(float (&acc)[kRowTiles][kOutTiles][4], const Elem* A,
                                      int row0, const LaneOffsets<kBr>& at_a, const Elem* B,
                                      const LaneOffsets<kHeadDim>& at_bv) {
@@ -412,9 +421,10 @@ __device__ inline void product_ab_2d(float (&acc)[kRowTiles][kOutTiles][4], cons
 
 /// Stores a warp's kRowTiles x kTiles accumulators of a transposed score
 /// tile (keys as rows from key_row0, queries as columns from q_col0: P^T or
-/// dS^T), rounded to Elem, into a [Bc][kBr] tile, as the registers hold
-/// them: a lane's two neighbouring queries are one 32-bit store.
-template <typename Elem, int kRowTiles, int kTiles>
+/// dS^T), rounded to Elem, into a [Bc][kBr] tile (kBr: the pass's queries),
+/// as the registers hold them: a lane's two neighbouring queries are one
+/// 32-bit store.
+template <typename Elem, int kBr, int kRowTiles, int kTiles>
 __device__ inline void store_scores_transposed(Elem* tile, const float (&acc)[kRowTiles][kTiles][4],
                                                int key_row0, int q_col0) {
   const int lane = threadIdx.x % kWarpSize;
@@ -488,9 +498,10 @@ __device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
 #endif
 }
 
-/// Starts the copies of a Q block, Qi and dOi and its rows' L and D, into
-/// their buffers (cp.async): the rows from q0 on of the query head bh whose
-/// row 0 is row head_row = bh Nq of [heads * Nq]. Rows past Nq get Q = dO = 0,
+/// Starts the copies of a pass's C::kBr query rows (q_block: one Q block, or
+/// two at d = 64 in the atomic kernel), Qi and dOi and their rows' L and D,
+/// into their buffers (cp.async): the rows from q0 on of the query head bh
+/// whose row 0 is row head_row = bh Nq of [heads * Nq]. Rows past Nq get Q = dO = 0,
 /// L = +inf (P = 0) and D = 0. Every Q block but a ragged last one has all
 /// its rows, and with d equal to the bucket and 16-byte aligned tensors takes
 /// load_full_tile_async: one address per tile and constant offsets, where
@@ -503,17 +514,19 @@ template <typename Elem, typename C>
 __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t head_row, int q0,
                                     Elem* Qi, Elem* dOi, float* Ls, float* Ds) {
   const std::int64_t row0 = head_row + q0;
-  const bool all_rows = q0 <= p.Nq - kBr;
+  const bool all_rows = q0 <= p.Nq - C::kBr;
   if (p.vec && p.d == C::kHeadDim && all_rows) {
-    sm80::load_full_tile_async<Elem, kBr, C::kHeadDim, C::kThreads>(Qi, p.Q + row0 * C::kHeadDim);
-    sm80::load_full_tile_async<Elem, kBr, C::kHeadDim, C::kThreads>(dOi, p.dO + row0 * C::kHeadDim);
+    sm80::load_full_tile_async<Elem, C::kBr, C::kHeadDim, C::kThreads>(Qi,
+                                                                       p.Q + row0 * C::kHeadDim);
+    sm80::load_full_tile_async<Elem, C::kBr, C::kHeadDim, C::kThreads>(dOi,
+                                                                       p.dO + row0 * C::kHeadDim);
   } else {
-    load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d, p.Nq - q0,
-                                                                p.d, p.vec);
-    load_tile<Elem, kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d, p.Nq - q0,
-                                                                p.d, p.vec);
+    load_tile<Elem, C::kBr, C::kHeadDim, true, true, C::kThreads>(Qi, p.Q + row0 * p.d,
+                                                                   p.Nq - q0, p.d, p.vec);
+    load_tile<Elem, C::kBr, C::kHeadDim, true, true, C::kThreads>(dOi, p.dO + row0 * p.d,
+                                                                   p.Nq - q0, p.d, p.vec);
   }
-  if (threadIdx.x < kBr) {
+  if (threadIdx.x < C::kBr) {
     if (all_rows) {
       sm80::cp_async_4(Ls + threadIdx.x, p.L_log2 + row0 + threadIdx.x);
       sm80::cp_async_4(Ds + threadIdx.x, p.D + row0 + threadIdx.x);
@@ -525,25 +538,32 @@ __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t 
   }
 }
 
-/// Line 15 of one Q block, the atomic variant's dQ step: dQ_i += dS_ij Kj,
+/// Line 15 of one pass, the atomic variant's dQ step: dQ_i += dS_ij Kj,
 /// from dS (a [Bc][Br] tile of dS_ij^T, keys as rows, as the products wrote
 /// it) and Kj, added by atomics to the fp32 accumulator's rows dq_row .. of
-/// [heads * dq_accum_rows(Nq)] (the Q block's first row there). Reads
-/// shared memory only; the caller keeps the tile's writers out (dkdv_block).
+/// [heads * dq_accum_rows(Nq)] (the pass's first row there). rows_left,
+/// Nq less the pass's first row, matters only where a pass takes two Q
+/// blocks (C::kBr > kBr, q_block): a warp whose rows start past the pass's
+/// last Q block with real rows adds nothing, since the accumulator, padded
+/// to whole Q blocks of kBr, has no rows there. Reads shared memory only;
+/// the caller keeps the tile's writers out (dkdv_block).
 template <typename Elem, typename C>
 __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, const Elem* Kj,
-                               std::int64_t dq_row) {
+                               std::int64_t dq_row, [[maybe_unused]] int rows_left) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   // Warp w takes the kRowTiles m16 tiles of query rows of dQ_i from
   // 16 kRowTiles (w % C::kDQRowGroups) on and C::kDQCols of its columns from
   // (w / C::kDQRowGroups) C::kDQCols on, summing over all Bc keys
-  // (dq_row_groups: 16 rows x 32 columns a warp at d = 64, 16 x 128 at
-  // d = 256, FlashAttention-2's 32 x 32 at d = 128).
+  // (dq_row_groups: 16 rows x 128 columns a warp at d = 256,
+  // FlashAttention-2's 32 x 32 at d = 128 and, passes of 128 rows, at d = 64).
   constexpr int kRowTiles = C::kDQRowTiles;
   const int q_row0 = warp % C::kDQRowGroups * kRowTiles * kMmaM;
   const int dq_col0 = warp / C::kDQRowGroups * C::kDQCols;
+  if constexpr (C::kBr > kBr) {
+    if (q_row0 >= dq_accum_rows(rows_left)) return;  // past the accumulator's rows
+  }
   // The lane's offsets into Kj from column dq_col0 on. dq_col0 is a runtime
   // value (0 or 32 at d = 64; 0, 32, 64 or 96 at d = 128); passed as a
   // column to a lane table made at column 0, it would index the table at run
@@ -557,7 +577,7 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
   // (the swizzle permutes a row's chunks: the second tile's is not the
   // first's plus 16), each computed once by the compiler. (An array of them
   // filled in a loop compiled to other SASS at d = 256, for nothing.)
-  auto at_ds = [&](int mt) { return dst_lane_offset(q_row0 + mt * kMmaM); };
+  auto at_ds = [&](int mt) { return dst_lane_offset<C::kBr>(q_row0 + mt * kMmaM); };
   // The lane's element (row g, column 2t) of its warp's part of dQ_i.
   float* dQw = p.dQ_accum + ((dq_row + q_row0 + g) * C::kHeadDim + dq_col0 + 2 * t);
   // The chunk loop is unrolled so that every column offset into Kj is a
@@ -584,7 +604,7 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
       std::uint32_t a[kRowTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kRowTiles; ++mt) {
-        load_a_transposed<Elem>(a[mt], dS, at_ds(mt), kk * kMmaK);
+        load_a_transposed<Elem, C::kBr>(a[mt], dS, at_ds(mt), kk * kMmaK);
       }
 #pragma unroll
       for (int np = 0; np < C::kChunkTiles / 2; ++np) {
@@ -613,15 +633,17 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
                                   unsigned char* smem) {
   constexpr bool kAtomicDQ = C::kAtomicDQ;
   constexpr int kBc = C::kBc;
+  // The pass's query rows (q_block): the Br of the tiles below.
+  constexpr int kBrPass = C::kBr;
   Elem* Kj = reinterpret_cast<Elem*>(smem);  // [Bc][kHeadDim]
   Elem* Vj = Kj + C::kKVElems;               // [Bc][kHeadDim]
   Elem* Qbuf = Vj + C::kKVElems;             // 2 x [Br][kHeadDim]
   Elem* dObuf = Qbuf + 2 * C::kQElems;       // 2 x [Br][kHeadDim]
   float* Lbuf = reinterpret_cast<float*>(dObuf + 2 * C::kQElems);  // 2 x [Br]
-  float* Dbuf = Lbuf + 2 * kBr;                                     // 2 x [Br]
+  float* Dbuf = Lbuf + 2 * kBrPass;                                 // 2 x [Br]
   // kDSTiles x [Bc][Br]: dS_ij^T, keys as rows (atomic variant, and 2-D
   // warp tiles)
-  Elem* dSbuf = reinterpret_cast<Elem*>(Dbuf + 2 * kBr);
+  Elem* dSbuf = reinterpret_cast<Elem*>(Dbuf + 2 * kBrPass);
   // kPTTiles x [Bc][Br]: P_ij^T, keys as rows (2-D warp tiles only)
   Elem* PT = dSbuf + C::kDSTiles * C::kDSElems;
   // Whether a pair's dQ step waits for the next pair's pass (two dS tiles)
@@ -636,12 +658,14 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   static_assert(!k2D || (kTileKeyWarps * kTileSideWarps == C::kWarps && !kDeferDQ &&
                          C::kDSTiles == 1 && C::kPTTiles == 1 && C::kDSplit == 1),
                 "2-D tiles: every warp one tile, one dS tile, one P^T tile, no d split");
+  static_assert(k2D || kBrPass == kBr, "1-D tiles: passes of one Q block (q_slice)");
   // A warp's m16 tiles of keys (of S^T, dP^T, dK_j and dV_j alike), and the
   // n8 tiles of its columns of dK_j and dV_j.
   constexpr int kKeyTiles = k2D ? kBc / kTileKeyWarps / kMmaM : 1;
   constexpr int kGradTiles = k2D ? C::kHeadDim / kTileSideWarps / kMmaN : C::kColTiles;
-  // 2-D tiles: the n8 tiles of a warp's queries of S^T and dP^T.
-  constexpr int kTileQTiles = kBr / kTileSideWarps / kMmaN;
+  // 2-D tiles: the n8 tiles of a warp's queries of S^T and dP^T (4 of 32
+  // queries; 8 of 64 at d = 64, atomic, in passes of 128 queries).
+  constexpr int kTileQTiles = kBrPass / kTileSideWarps / kMmaN;
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -702,10 +726,11 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     store_dk_dv(0.0f);  // dK and dV are still 0
     return;
   }
-  const int q_first = static_cast<int>(row_first / kBr * kBr);  // the first Q block's first row
+  // The first pass's first row: a Q block's (kBr), the pass q_block rows from there.
+  const int q_first = static_cast<int>(row_first / kBr * kBr);
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
-  const LaneOffsets<kBr> at_ps(a_point(lane));  // A fragments of P^T, dS^T (2-D tiles)
+  const LaneOffsets<kBrPass> at_ps(a_point(lane));  // A fragments of P^T, dS^T (2-D tiles)
   // The lane's offsets into dOi, Qi from column col0 on where col0 is half a
   // span (kColInTable: d = 64; unused elsewhere). Its entries past the row
   // (columns 64 - col0 on) are wrong and unused: a warp reads its 32 only.
@@ -719,17 +744,18 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   load_tile<Elem, kBc, C::kHeadDim, true, true, C::kThreads>(
       Vj, p.V + (kv * p.Nk + key0) * p.d, keys_valid, p.d, p.vec);
 
-  // Line 8 over the (query head, Q block) pairs of the group: query head bh's
-  // Q blocks from q_first on, then the next head's, G = H / H_kv heads in
+  // Line 8 over the (query head, pass) pairs of the group (a pass: one Q
+  // block, or two at d = 64 in the atomic kernel, q_block): query head bh's
+  // passes from q_first on, then the next head's, G = H / H_kv heads in
   // all, as one loop, so that the pipeline runs on from one head into the
   // next. The pair advances by an increment and a wrap, never derived from a
   // step count by a division, and the loop keeps as many counters live as
   // the ungrouped one did (at d = 128 the kernel sits at 255 registers, where
   // one more spills): with G = 1 it is the ungrouped loop.
   std::int64_t bh = kv * p.G;  // the pair's query head
-  int q0 = q_first;            // its Q block's first row
+  int q0 = q_first;            // its pass's first row
   // Pairs left, this one included: an int (backward() refuses more).
-  int left = p.G * ((p.Nq - q_first - 1) / kBr + 1);
+  int left = p.G * ((p.Nq - q_first - 1) / kBrPass + 1);
   // Whether a pair has passed, whose dQ step is then due (kDeferDQ). A
   // flag: comparing `left` with a count of all pairs took a register more,
   // and ptxas -v (sm_90) showed 8 bytes spilled at d = 128; comparing
@@ -738,7 +764,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // The buffers alternate with the parity of `left`, the first pair's too.
   const int first = left % 2;
   load_q_block<Elem, C>(p, bh * p.Nq, q0, Qbuf + first * C::kQElems, dObuf + first * C::kQElems,
-                        Lbuf + first * kBr, Dbuf + first * kBr);
+                        Lbuf + first * kBrPass, Dbuf + first * kBrPass);
   sm80::cp_async_commit();
 
   // One block barrier per pair with two dS tiles (kDeferDQ). The atomic
@@ -778,10 +804,10 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // the second barrier k'):
   //   after barrier k:  copies into Qi, dOi, L, D [b'] start (pair k + 1);
   //                     each warp's S^T, dP^T tile reads Qi, dOi, L, D [b],
-  //                     Kj, Vj and writes its 32 keys x 32 queries of P^T
+  //                     Kj, Vj and writes its 32 keys x Br / 2 queries of P^T
   //                     and dS^T;
   //   after barrier k': dV += P^T dOi and dK += dS^T Qi read P^T, dS^T and
-  //                     Qi, dOi [b], each warp 32 keys x all 64 queries of
+  //                     Qi, dOi [b], each warp 32 keys x all Br queries of
   //                     P^T, dS^T (other warps' tiles too); the atomic
   //                     variant's dQ step reads dS^T and Kj.
   // - P^T, dS^T: written before barrier k', so whole when read after it;
@@ -794,18 +820,18 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     const int buf = left % 2;
     const Elem* Qi = Qbuf + buf * C::kQElems;
     const Elem* dOi = dObuf + buf * C::kQElems;
-    const float* Ls = Lbuf + buf * kBr;
-    const float* Ds = Dbuf + buf * kBr;
+    const float* Ls = Lbuf + buf * kBrPass;
+    const float* Ds = Dbuf + buf * kBrPass;
     Elem* dS = dSbuf + (kDeferDQ ? buf : 0) * C::kDSElems;  // [Bc][Br]: this pair's dS_ij^T
     sm80::cp_async_wait<0>();
     __syncthreads();  // barrier k (above)
     if (left > 1) {  // line 9 for the next pair, under this one's products
       const int next = 1 - buf;
-      // The next pair: the next Q block, or after the head's last the next head's first.
-      const bool wrap = q0 >= p.Nq - kBr;
-      load_q_block<Elem, C>(p, (wrap ? bh + 1 : bh) * p.Nq, wrap ? q_first : q0 + kBr,
+      // The next pair: the next pass, or after the head's last the next head's first.
+      const bool wrap = q0 >= p.Nq - kBrPass;
+      load_q_block<Elem, C>(p, (wrap ? bh + 1 : bh) * p.Nq, wrap ? q_first : q0 + kBrPass,
                             Qbuf + next * C::kQElems, dObuf + next * C::kQElems,
-                            Lbuf + next * kBr, Dbuf + next * kBr);
+                            Lbuf + next * kBrPass, Dbuf + next * kBrPass);
     }
     sm80::cp_async_commit();
     // The previous pair's dQ step first: its reductions, fire-and-forget,
@@ -815,7 +841,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     if constexpr (kDeferDQ) {
       if (after_first) {
         dq_step<Elem, C>(p, dSbuf + (1 - buf) * C::kDSElems, Kj,
-                         previous_dq_row(bh, q0, q_first, p.Nq));
+                         previous_dq_row(bh, q0, q_first, p.Nq), kBr);
       }
       after_first = true;
     }
@@ -824,7 +850,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     const bool whole = whole_tile(keys_valid, kBc, p.causal, diag);
 
     if constexpr (k2D) {
-      // The warp's 32 keys x 32 queries of S^T and dP^T (kTileSideWarps
+      // The warp's 32 keys x Br / 2 queries of S^T and dP^T (kTileSideWarps
       // warps share a key range, each its half of the queries).
       const int q_col0 = warp / kTileKeyWarps * kTileQTiles * kMmaN;
       float S[kKeyTiles][kTileQTiles][4];  // S^T, then P^T
@@ -869,21 +895,23 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
           }
         }
       }
-      store_scores_transposed<Elem>(PT, S, key_row0, q_col0);
-      store_scores_transposed<Elem>(dS, dP, key_row0, q_col0);                   // line 15
+      store_scores_transposed<Elem, kBrPass>(PT, S, key_row0, q_col0);
+      store_scores_transposed<Elem, kBrPass>(dS, dP, key_row0, q_col0);          // line 15
       __syncthreads();  // barrier k': the whole P^T and dS^T tiles are in
-      product_ab_2d<Elem, C::kHeadDim, kKeyTiles, kGradTiles>(dV, PT, key_row0, at_ps,
-                                                              dOi + grad_col0, at_grad);  // line 12
-      product_ab_2d<Elem, C::kHeadDim, kKeyTiles, kGradTiles>(dK, dS, key_row0, at_ps,
-                                                              Qi + grad_col0, at_grad);   // line 16
-      if constexpr (kAtomicDQ) dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
+      product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
+          dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad);                    // line 12
+      product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
+          dK, dS, key_row0, at_ps, Qi + grad_col0, at_grad);                     // line 16
+      if constexpr (kAtomicDQ) {
+        dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0, p.Nq - q0);
+      }
     } else {
       // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
       // atomic kernel at d = 256, else 32): S^T and dP^T of one slice at a
       // time, so that with two slices their accumulators take half the
       // registers.
 #pragma unroll 1
-      for (int qs = 0; qs < kBr; qs += kQSlice) {
+      for (int qs = 0; qs < kBrPass; qs += kQSlice) {
         float S[kQTiles][4];  // S^T, then P^T: rows keys, columns queries qs ..
         product_abt<Elem, C::kHeadDim, kQTiles>(S, Kj, Qi + qs * C::kHeadDim, key_row0, at_a,
                                                 at_bk);                        // line 10
@@ -921,21 +949,21 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
         product_ab<Elem, C::kHeadDim, kQTiles, C::kColTiles>(
             dK[0], dP[0], Qi + qs * C::kHeadDim + col0, 0, at_bv);  // line 16
         if (kAtomicDQ && col0 == 0) {  // line 15: one warp of each key group writes its dS^T
-          store_scores_transposed<Elem>(dS, dP, key_row0, qs);
+          store_scores_transposed<Elem, kBrPass>(dS, dP, key_row0, qs);
         }
       }
 
       if constexpr (kAtomicDQ && !kDeferDQ) {
         __syncthreads();  // the whole dS tile is in
-        dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0);
+        dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0, p.Nq - q0);
       }
     }
 
-    if (q0 >= p.Nq - kBr) {  // the next pair, as prefetched above
+    if (q0 >= p.Nq - kBrPass) {  // the next pair, as prefetched above
       q0 = q_first;
       ++bh;
     } else {
-      q0 += kBr;
+      q0 += kBrPass;
     }
   }
   // Before the last pair's dQ step (two dS tiles): a warp done with its
@@ -943,7 +971,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   store_dk_dv(p.scale);
   if constexpr (kDeferDQ) {
     __syncthreads();  // the last pair's dS tile is in: dS [1], as it had left = 1
-    dq_step<Elem, C>(p, dSbuf + C::kDSElems, Kj, previous_dq_row(bh, q0, q_first, p.Nq));
+    dq_step<Elem, C>(p, dSbuf + C::kDSElems, Kj, previous_dq_row(bh, q0, q_first, p.Nq), kBr);
   }
   sm80::cp_async_wait<0>();
   __syncthreads();  // the next head's copies may overwrite the tiles

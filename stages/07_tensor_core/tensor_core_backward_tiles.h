@@ -28,8 +28,9 @@ namespace flashstep::tensor_core::bwd {
 ///   FlashAttention-2 (<64, 128, 128, 8, ...>). With 1-D tiles Bc = 128 had
 ///   halved them too but took the SM from three blocks of 4 warps to one
 ///   of 8 (218 registers a thread), and was no faster (6.57 ms to 6.64);
-///   the 2-D tiles read 352 KiB of ldmatrix a 64 x 128 pass where those
-///   read 416 and Bc = 64 reads 400 (two passes).
+///   the 2-D tiles read 352 KiB of ldmatrix a 64 x 128 area where those
+///   read 416 and Bc = 64 reads 400 (two passes), and 288 in passes of 128
+///   queries (q_block, round 11).
 /// - d = 64, deterministic: Bc = 64 with 4 warps; Bc = 128 with 1-D tiles
 ///   was 15 % slower (3.85 to 4.43 ms), and the kernel has no reductions to
 ///   halve.
@@ -45,9 +46,35 @@ constexpr int block_keys(int head_dim_bucket, bool atomic_dq) {
 /// The largest Bc of any bucket.
 inline constexpr int kMaxBc = 128;
 
-/// Query rows per streamed Q block (the paper's Br): 64, four m16 tiles of
-/// rows, split among the row groups of warps in the dQ step (dq_row_groups).
+/// Query rows per Q block (the paper's Br): 64, four m16 tiles of rows. The
+/// grain of the atomic variant's dQ accumulator (dq_accum_rows), of the
+/// causal skip (the (dK, dV) kernel's first Q block starts at a multiple of
+/// kBr) and of the dQ kernel's blocks; the (dK, dV) kernel's passes take
+/// q_block rows at a time from there.
 inline constexpr int kBr = 64;
+
+/// Query rows per pass of the (dK, dV) kernel: 128 in the atomic kernel at
+/// d = 64, two consecutive Q blocks of kBr taken as one pass, as
+/// FlashAttention-2's Br = 128 (Flash_bwd_kernel_traits<64, 128, 128, 8, 2,
+/// 4, 4, ...>); kBr elsewhere. With the 2-D warp tiles (warp_tile_2d) a
+/// warp's S^T and dP^T tile is then 32 keys x 64 queries, which reads its
+/// 32 rows of Kj (Vj) once for 64 queries where it read them once for 32,
+/// and its dQ step 32 rows x 32 columns of dQ_i, which reads Kj's columns
+/// once for 32 rows where it read them once for 16: 288 KiB of ldmatrix a
+/// 64 x 128 area instead of 352, FlashAttention-2's count, and two barriers
+/// a 128 x 128 pass instead of four (docs/results/tuning_07/README.md,
+/// round 11). Two Q blocks of kBr rather than blocks of 128 rows: the
+/// pass starts at any multiple of kBr, so the causal skip keeps its grain,
+/// and dQ's accumulator keeps its padding to whole Q blocks of kBr (the
+/// conversion pass and the workspace unchanged); a pass whose second Q
+/// block lies wholly past Nq is zero-filled (P = dS = 0), and its warps
+/// of those rows add nothing to the accumulator (dq_step), which has no
+/// rows there. Not at d = 128 and 256, where the accumulators of 128
+/// queries would not fit beside dK_j's and dV_j's, nor in the deterministic
+/// kernel at d = 64 (1-D tiles, Bc = 64: key_groups).
+FLASHSTEP_HOST_DEVICE constexpr int q_block(int head_dim_bucket, bool atomic_dq) {
+  return head_dim_bucket == 64 && atomic_dq ? 2 * kBr : kBr;
+}
 
 /// Queries per slice of the S_ij^T and dP_ij^T accumulators: a warp computes
 /// them for q_slice queries of the Q block at a time, q_slice / 2 fp32
@@ -147,17 +174,19 @@ constexpr bool dq_holds_rows(int head_dim_bucket) { return head_dim_bucket <= 12
 /// ...> at d = 128, <64, 128, 128, 8, 2, 4, 4, ...> at d = 64): at d = 128,
 /// atomic and deterministic alike, and at d = 64 in the atomic kernel. The
 /// 8 warps then split S^T and dP^T as kTileKeyWarps x kTileSideWarps tiles
-/// of 32 keys x 32 queries, and dV_j, dK_j as tiles of 32 keys x d / 2
-/// columns. A warp's dV_j and dK_j rows then need all 64 queries of P^T and
-/// dS^T, where it computed 32: both go through shared memory, behind a
-/// second barrier a pass. ldmatrix a (Q block, K/V block) pass at d = 128:
+/// of 32 keys x Br / 2 queries (32; 64 in the atomic kernel at d = 64,
+/// whose passes take 128 queries: q_block), and dV_j, dK_j as tiles of 32
+/// keys x d / 2 columns. A warp's dV_j and dK_j rows then need all Br
+/// queries of P^T and dS^T, where it computed half: both go through shared
+/// memory, behind a second barrier a pass. ldmatrix a (Q block, K/V block) pass at d = 128:
 /// 608 KiB instead of 736 in the atomic kernel (576 with its dQ step's 2-D
 /// layout too, dq_row_groups), 448 instead of 640 in the deterministic one,
 /// which pays 32 KiB more shared memory (129 -> 161 KiB, still the one
 /// block an SM its registers allow; docs/results/tuning_07/README.md,
 /// rounds 9 and 10). At d = 64 (atomic, Bc = 128: key_groups) 352 KiB a
 /// 64 x 128 pass where two passes of the 1-D tiles at Bc = 64 read 400, and
-/// half the dQ reductions (round 10b). Not in the deterministic kernel at
+/// half the dQ reductions (round 10b); in passes of 128 queries 288 KiB a
+/// 64 x 128 area, FlashAttention-2's count (q_block, round 11). Not in the deterministic kernel at
 /// d = 64, which keeps Bc = 64 (key_groups); not at d = 256, where each
 /// warp already holds half of dK_j's and dV_j's columns (d_split).
 FLASHSTEP_HOST_DEVICE constexpr bool warp_tile_2d(int head_dim_bucket, bool atomic_dq) {
@@ -166,26 +195,31 @@ FLASHSTEP_HOST_DEVICE constexpr bool warp_tile_2d(int head_dim_bucket, bool atom
 /// The 2-D tiles' warps along the Bc = 128 keys: 32 keys a warp, two m16
 /// tiles, the rows of its S^T, dP^T and of its dK_j, dV_j alike.
 inline constexpr int kTileKeyWarps = 4;
-/// And along the other side: the kBr = 64 queries of S^T and dP^T (32 a
-/// warp, four n8 tiles: with the two m16 tiles, 32 fp32 registers each, the
-/// accumulators of one query slice of 64 before), and the d columns of
-/// dK_j and dV_j (64 a warp at d = 128, 64 registers each, as before; 32 at
-/// d = 64, 32 registers each).
+/// And along the other side: the pass's q_block queries of S^T and dP^T
+/// (32 a warp, four n8 tiles, at d = 128: with the two m16 tiles, 32 fp32
+/// registers each, the accumulators of one query slice of 64 before; 64 a
+/// warp, eight n8 tiles, 64 registers each, at d = 64 in passes of 128),
+/// and the d columns of dK_j and dV_j (64 a warp at d = 128, 64 registers
+/// each, as before; 32 at d = 64, 32 registers each). At d = 64 that is
+/// 192 accumulator registers a thread, as FlashAttention-2 holds them:
+/// ptxas -v on sm_90 (CUDA 13) gives the atomic kernel 255 registers and
+/// no spill.
 inline constexpr int kTileSideWarps = 2;
 
-/// Row groups of the atomic kernel's dQ step: warp w takes the kBr /
-/// dq_row_groups query rows from (w % dq_row_groups) kBr / dq_row_groups on
-/// of dQ_i, and its columns by w / dq_row_groups, summing over all Bc keys.
+/// Row groups of the atomic kernel's dQ step: warp w takes the Br /
+/// dq_row_groups query rows (Br: the pass's, q_block) from (w %
+/// dq_row_groups) Br / dq_row_groups on of dQ_i, and its columns by w /
+/// dq_row_groups, summing over all Bc keys.
 /// - d = 256 (1-D warp tiles, 8 warps): 4 groups of 16 rows (one m16 tile),
 ///   2 warps of 128 columns each (two chunks of 64, dq_chunk).
-/// - d = 64 (2-D warp tiles, 8 warps): 4 groups of 16 rows, 2 warps of 32
-///   columns each: FlashAttention-2's 4 x 2 layout at d = 64 (AtomLayoutMdQ
-///   = 4 in Flash_bwd_kernel_traits<64, 128, 128, 8, 2, 4, 4, ...>; its
-///   Br = 128 gives a warp 32 rows, this Br = 64 gives 16). The 2 x 4 layout
-///   of d = 128 would read no fewer bytes here: 32 rows x 16 columns a warp
-///   read dS twice as often (four chunks of 16 a row, not two of 32) and Kj
-///   half as often, 64 + 32 KiB of ldmatrix a pass where 4 x 2 reads 32 +
-///   64, with as many accumulators (16 registers) and atomics.
+/// - d = 64 (2-D warp tiles, 8 warps, passes of Br = 128): 4 groups of 32
+///   rows (two m16 tiles), 2 warps of 32 columns each: FlashAttention-2's
+///   4 x 2 layout at d = 64 (AtomLayoutMdQ = 4 in
+///   Flash_bwd_kernel_traits<64, 128, 128, 8, 2, 4, 4, ...>). A warp reads
+///   its 32 rows of dS (x Bc keys) and Kj's Bc keys x its 32 columns: 32 +
+///   32 KiB of ldmatrix a 64 x 128 area, where passes of 64 rows (16 rows a
+///   warp, round 10b) read 32 + 64 for dS and Kj; its accumulators take 32
+///   registers (16 with 16 rows).
 /// - d = 128 (2-D warp tiles): FlashAttention-2's 2 x 4 layout of dQ
 ///   (AtomLayoutMdQ = 2 in Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4,
 ///   2, ...>): 2 groups of 32 rows (two m16 tiles), 4 warps of 32 columns
@@ -194,9 +228,7 @@ inline constexpr int kTileSideWarps = 2;
 ///   64 columns a warp read Kj's 128 keys x 64 columns per 16 rows: 160 KiB
 ///   (docs/results/tuning_07/README.md, round 10). A warp's accumulators
 ///   stay 32 registers (32 x 32 where 16 x 64 were).
-constexpr int dq_row_groups(int head_dim_bucket) {
-  return head_dim_bucket == 128 ? kBr / 32 : kBr / 16;
-}
+constexpr int dq_row_groups(int head_dim_bucket) { return head_dim_bucket == 128 ? 2 : 4; }
 /// A warp's columns of dQ_i in the dQ step: the bucket's d over the atomic
 /// kernel's warps of a row group.
 constexpr int dq_warp_cols(int head_dim_bucket) {
@@ -242,7 +274,9 @@ inline constexpr int kPrepRowsPerBlock = 8;
 /// every pair with these two functions.
 ///
 /// tile_diag clamps diag to +-2 (kBr + kMaxBc): beyond that every pair (or
-/// no pair) of the tile is visible alike, and the offsets stay small ints.
+/// no pair) of the tile is visible alike, in the (dK, dV) kernel's passes of
+/// q_block rows too (up to 2 kBr: key - q lies within +-(2 kBr + kMaxBc)),
+/// and the offsets stay small ints.
 /// It takes a tile's corner, 0 <= q0 < Nq and 0 <= key0 < Nk, with Nq and Nk
 /// ints (validate() bounds them by 2^31 - 1), and sums diag in 32 bits as
 /// (q0 - Nq) + (Nk - key0): the first term lies in [-Nq, 0), the second in
