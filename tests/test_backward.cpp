@@ -361,9 +361,11 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
   // of its own, then one before the tiles are reused (n + 2 a thread block
   // of n pairs). At d = 64 and 128, one tile: two a pair, then one
   // (2 n + 1); there the second barrier of a pair also hands the 2-D warp
-  // tiles' P^T to dV. The deterministic (dK, dV) kernel has no dQ step
-  // (n + 1; 2 n + 1 with the 2-D warp tiles of d = 128), its dQ kernel one
-  // per K/V block and one at its end.
+  // tiles' P^T to dV. A pair is a query head and a pass of q_block rows:
+  // two Q blocks of 64 in the atomic kernel at d = 64, one elsewhere. The
+  // deterministic (dK, dV) kernel has no dQ step (n + 1; 2 n + 1 with the
+  // 2-D warp tiles of d = 128), its dQ kernel one per K/V block and one at
+  // its end.
   const Stage* atomic = flashstep::select_stages("07_tensor_core").front();
   const Stage* deterministic = flashstep::select_stages("07_tensor_core_deterministic").front();
   namespace bwd = flashstep::tensor_core::bwd;
@@ -378,27 +380,40 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
     CHECK(bwd::warp_tile_2d(128, atomic_dq));
     CHECK_FALSE(bwd::warp_tile_2d(256, atomic_dq));
   }
-  // N = 256, d = 64: 2 K/V blocks of 128 keys (atomic, 2-D warp tiles) or 4
-  // of 64 (deterministic), 4 Q blocks of 64 rows.
+  CHECK(bwd::q_block(64, true) == 2 * bwd::kBr);
+  CHECK(bwd::q_block(64, false) == bwd::kBr);
+  CHECK(bwd::q_block(128, true) == bwd::kBr);
+  CHECK(bwd::q_block(256, true) == bwd::kBr);
+  // N = 256, d = 64: 2 K/V blocks of 128 keys (atomic, 2-D warp tiles,
+  // passes of 128 rows: 2 a head) or 4 of 64 (deterministic), 4 Q blocks of
+  // 64 rows.
   Problem p = make_problem(1, 1, 256, 256, 64, false);
   p.dtype = flashstep::DType::kBf16;
-  CHECK(atomic->backward_model(p).barriers == 2 * (2 * 4 + 1));
+  CHECK(atomic->backward_model(p).barriers == 2 * (2 * 2 + 1));
   CHECK(deterministic->backward_model(p).barriers == 4 * (4 + 1) + 4 * (4 + 1));
-  // Causal: K/V block j of 128 keys sees 4 - 2 j Q blocks (6 pairs), of 64
-  // keys 4 - j (10 pairs); Q block i sees i + 1 K/V blocks of 64 keys.
+  // Causal: K/V block j of 128 keys sees the Q blocks from 2 j on, 4 - 2 j
+  // of them, in 2 - j passes (3 pairs); of 64 keys 4 - j (10 pairs); Q
+  // block i sees i + 1 K/V blocks of 64 keys.
   p.causal = true;
-  CHECK(atomic->backward_model(p).barriers == 2 * 6 + 2);
+  CHECK(atomic->backward_model(p).barriers == 2 * 3 + 2);
   CHECK(deterministic->backward_model(p).barriers == (10 + 4) + (10 + 4));
   // Nk = 320, causal (bottom-right: row r sees keys up to r + 64): 3 K/V
-  // blocks of 128 keys (the last 64), seen by 4, 3 and 1 Q blocks.
+  // blocks of 128 keys (the last 64), seen by the Q blocks from 0, 1 and 3
+  // on: 4, 3 and 1 Q blocks, in 2, 2 and 1 passes (a pass starts at any Q
+  // block's first row).
   p.Nk = 320;
-  CHECK(atomic->backward_model(p).barriers == 2 * 8 + 3);
-  // Grouped, 4 query heads on one K/V head: 16 pairs a thread block, one
+  CHECK(atomic->backward_model(p).barriers == 2 * 5 + 3);
+  // Nq = 320, Nk = 256: 5 Q blocks, in 3 passes, the last one's second Q
+  // block past Nq.
+  p = make_problem(1, 1, 320, 256, 64, false);
+  p.dtype = flashstep::DType::kBf16;
+  CHECK(atomic->backward_model(p).barriers == 2 * (2 * 3 + 1));
+  // Grouped, 4 query heads on one K/V head: 8 pairs a thread block, one
   // block per K/V block.
   p = make_problem(1, 4, 256, 256, 64, false);
   p.H_kv = 1;
   p.dtype = flashstep::DType::kBf16;
-  CHECK(atomic->backward_model(p).barriers == 2 * (2 * 16 + 1));
+  CHECK(atomic->backward_model(p).barriers == 2 * (2 * 8 + 1));
   // d = 128, one dS tile and the 2-D warp tiles: 2 K/V blocks of 128 keys.
   p = make_problem(1, 1, 256, 256, 128, false);
   p.dtype = flashstep::DType::kBf16;
@@ -412,10 +427,11 @@ TEST_CASE("stage 07's (dK, dV) kernel: its block barriers, by its dS tiles") {
 }
 
 TEST_CASE("stage 07's (dK, dV) kernels: shared-memory reads of one pass, product by product") {
-  // One Q block of 64 rows against one K/V block (128 keys at d = 128, and
-  // in the atomic kernel at d = 64; 64 keys in the deterministic kernel at
-  // d = 64): the bytes the warps' ldmatrix read, product by product, as
-  // docs/results/tuning_07/README.md (rounds 8, 9 and 10b) counts them
+  // One pass of q_block rows (128 in the atomic kernel at d = 64, else 64)
+  // against one K/V block (128 keys at d = 128, and in the atomic kernel at
+  // d = 64; 64 keys in the deterministic kernel at d = 64): the bytes the
+  // warps' ldmatrix read, product by product, as
+  // docs/results/tuning_07/README.md (rounds 8, 9, 10b and 11) counts them
   // against FlashAttention-2's, plus L and D read once per warp that reads a
   // row's scores (a key group with 1-D warp tiles, a key range with 2-D
   // ones).
@@ -429,19 +445,22 @@ TEST_CASE("stage 07's (dK, dV) kernels: shared-memory reads of one pass, product
       CAPTURE(d);
       const int bucket = static_cast<int>(d);
       const std::int64_t W = bwd::warps(bucket, atomic_dq), Bc = bwd::block_keys(bucket, atomic_dq),
-                         Br = bwd::kBr;
+                         Br = bwd::q_block(bucket, atomic_dq);
+      // 64 x Bc areas in the pass: the unit of the counts below.
+      const std::int64_t areas = Br / bwd::kBr;
+      CHECK(areas == (atomic_dq && d == 64 ? 2 : 1));
       const bool tile_2d = bwd::warp_tile_2d(bucket, atomic_dq);
       CHECK(tile_2d == (atomic_dq || d == 128));
       Problem p = make_problem(1, 1, Br, Bc, d, false);
       p.dtype = flashstep::DType::kBf16;
       std::int64_t s_or_dp = 0, dv_or_dk = 0, l_and_d = 0;
       if (tile_2d) {
-        // S^T and dP^T: each warp its 32 keys of Kj (Vj) and 32 queries of
-        // Qi (dOi), kTileKeyWarps x kTileSideWarps warps.
+        // S^T and dP^T: each warp its 32 keys of Kj (Vj) and Br / 2 queries
+        // of Qi (dOi), kTileKeyWarps x kTileSideWarps warps.
         CHECK(bwd::kTileKeyWarps * bwd::kTileSideWarps == W);
-        s_or_dp = W * (32 + 32) * d * e;
-        // dV and dK: each warp its 32 keys of P^T (dS^T) over the 64
-        // queries and 64 queries x its d / 2 columns of dOi (Qi).
+        s_or_dp = W * (32 + Br / bwd::kTileSideWarps) * d * e;
+        // dV and dK: each warp its 32 keys of P^T (dS^T) over the Br
+        // queries and Br queries x its d / 2 columns of dOi (Qi).
         dv_or_dk = W * (32 * Br + Br * d / bwd::kTileSideWarps) * e;
         l_and_d = Br * bwd::kTileKeyWarps * 2 * 4;
       } else {
@@ -454,7 +473,7 @@ TEST_CASE("stage 07's (dK, dV) kernels: shared-memory reads of one pass, product
         dv_or_dk = W * Br * d * e;
         l_and_d = Br * bwd::key_groups(bucket, atomic_dq) * 2 * 4;
       }
-      // dQ (atomic): each row group (4 of 16 rows at d = 64, 2 of 32 at
+      // dQ (atomic): each row group (4 of 32 rows at d = 64, 2 of 32 at
       // d = 128: dq_row_groups) reads all of Kj, and each warp its rows of
       // dS once per chunk of its columns: d / chunk times a row's, over the
       // warps that share the rows.
@@ -470,22 +489,23 @@ TEST_CASE("stage 07's (dK, dV) kernels: shared-memory reads of one pass, product
       const Stage* stage = atomic_dq ? atomic : deterministic;
       CHECK(stage->backward_model(p).sram_read_bytes ==
             2 * s_or_dp + 2 * dv_or_dk + dq + l_and_d + dq_kernel);
-      // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 and a 64 x
-      // 128 one at d = 128. The atomic kernel, with its 2-D warp tiles: 352
-      // KiB a 64 x 128 pass at d = 64 (704 a 128 x 128 area, where round 8's
-      // 1-D tiles read 800: S^T, dP^T 64 each, dV, dK 64, dQ 96) and
-      // FlashAttention-2's 576 KiB a 64 x 128 pass at d = 128 (S^T, dP^T 128
-      // each, dV, dK 96, dQ 128: round 10's 2 x 4 dQ step). The
-      // deterministic kernel: 160 KiB a 64 x 64 pass at d = 64 (1-D tiles:
-      // S^T, dP^T 48, dV, dK 32), 448 a 64 x 128 pass at d = 128.
+      // FlashAttention-2 reads 576 KiB a 128 x 128 pass at d = 64 (288 a 64
+      // x 128 area) and a 64 x 128 one at d = 128. The atomic kernel, with
+      // its 2-D warp tiles, as much: at d = 64, 576 KiB a 128 x 128 pass
+      // (per 64 x 128 area S^T, dP^T 48 each, dV, dK 64, dQ 64, where the
+      // passes of 64 rows of round 10b read 352: S^T, dP^T 64, dQ 96), and
+      // 576 KiB a 64 x 128 pass at d = 128 (S^T, dP^T 128 each, dV, dK 96,
+      // dQ 128: round 10's 2 x 4 dQ step). The deterministic kernel: 160
+      // KiB a 64 x 64 pass at d = 64 (1-D tiles: S^T, dP^T 48, dV, dK 32),
+      // 448 a 64 x 128 pass at d = 128.
       if (atomic_dq) {
-        CHECK(s_or_dp == 64 * (d == 64 ? 1 : 2) * 1024);
-        CHECK(dv_or_dk == (d == 64 ? 64 : 96) * 1024);
-        CHECK(dq == (d == 64 ? 96 : 128) * 1024);
-        CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 352 : 576) * 1024);
+        CHECK(s_or_dp == (d == 64 ? 48 : 128) * areas * 1024);
+        CHECK(dv_or_dk == (d == 64 ? 64 : 96) * areas * 1024);
+        CHECK(dq == (d == 64 ? 64 : 128) * areas * 1024);
+        CHECK(2 * s_or_dp + 2 * dv_or_dk + dq == (d == 64 ? 288 : 576) * areas * 1024);
       } else {
-        CHECK(s_or_dp == (d == 64 ? 48 : 128) * 1024);
-        CHECK(dv_or_dk == (d == 64 ? 32 : 96) * 1024);
+        CHECK(s_or_dp == (d == 64 ? 48 : 128) * areas * 1024);
+        CHECK(dv_or_dk == (d == 64 ? 32 : 96) * areas * 1024);
         CHECK(2 * s_or_dp + 2 * dv_or_dk == (d == 64 ? 160 : 448) * 1024);
       }
     }
@@ -609,34 +629,41 @@ TEST_CASE("stage 07's backward mask: each (query, key) pair is visible iff the c
   namespace bwd = flashstep::tensor_core::bwd;
   // Ragged edges, Nq > Nk (rows that see no key) and Nq < Nk (keys no row
   // sees), and one shape far past the clamp of tile_diag; every K/V block
-  // width the kernels use (the dK, dV kernel's per bucket, the dQ kernel's).
+  // width the kernels use (the dK, dV kernel's per bucket, the dQ kernel's),
+  // against passes of either q_block (the dK, dV kernel's rows a tile: one
+  // Q block, or two from any Q block's first row).
   for (int Bc : {bwd::block_keys(64, true), bwd::block_keys(64, false), bwd::block_keys(128, true),
                  bwd::block_keys(128, false), bwd::kDQBc}) {
-    for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {130, 67}, {67, 130},
-                          {200, 200}, {64, 1000}, {1000, 64}, {255, 257}}) {
-      for (bool causal : {false, true}) {
-        const Problem p = make_problem(1, 1, Nq, Nk, 8, causal);
-        CAPTURE(Bc);
-        CAPTURE(p.describe());
-        std::int64_t wrong = 0;
-        for (std::int64_t key0 = 0; key0 < Nk; key0 += Bc) {
-          const auto keys = static_cast<int>(std::min<std::int64_t>(Bc, Nk - key0));
-          // The Q blocks the dK, dV kernel visits for this K/V block.
-          const std::int64_t from = bwd::first_row(key0, Nq, Nk, causal) / bwd::kBr * bwd::kBr;
-          for (std::int64_t i = 0; i < Nq; ++i) {
-            const std::int64_t q0 = i / bwd::kBr * bwd::kBr;
-            const int diag = bwd::tile_diag(static_cast<int>(q0), static_cast<int>(key0),
-                                            static_cast<int>(Nq), static_cast<int>(Nk));
-            const bool whole = bwd::whole_tile(keys, Bc, causal, diag);
-            for (int key = 0; key < keys; ++key) {
-              const bool kernel =
-                  q0 >= from &&
-                  (whole || bwd::visible(key, static_cast<int>(i - q0), keys, causal, diag));
-              wrong += kernel != (key0 + key < p.visible_keys(i));
+    for (int Br : {bwd::kBr, bwd::q_block(64, true)}) {
+      for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {130, 67}, {67, 130},
+                            {200, 200}, {64, 1000}, {1000, 64}, {255, 257}}) {
+        for (bool causal : {false, true}) {
+          const Problem p = make_problem(1, 1, Nq, Nk, 8, causal);
+          CAPTURE(Bc);
+          CAPTURE(Br);
+          CAPTURE(p.describe());
+          std::int64_t wrong = 0;
+          for (std::int64_t key0 = 0; key0 < Nk; key0 += Bc) {
+            const auto keys = static_cast<int>(std::min<std::int64_t>(Bc, Nk - key0));
+            // The first Q block the dK, dV kernel visits for this K/V block;
+            // its passes of Br rows start there.
+            const std::int64_t from = bwd::first_row(key0, Nq, Nk, causal) / bwd::kBr * bwd::kBr;
+            for (std::int64_t i = 0; i < Nq; ++i) {
+              const std::int64_t q0 =
+                  i < from ? i / bwd::kBr * bwd::kBr : from + (i - from) / Br * Br;
+              const int diag = bwd::tile_diag(static_cast<int>(q0), static_cast<int>(key0),
+                                              static_cast<int>(Nq), static_cast<int>(Nk));
+              const bool whole = bwd::whole_tile(keys, Bc, causal, diag);
+              for (int key = 0; key < keys; ++key) {
+                const bool kernel =
+                    q0 >= from &&
+                    (whole || bwd::visible(key, static_cast<int>(i - q0), keys, causal, diag));
+                wrong += kernel != (key0 + key < p.visible_keys(i));
+              }
             }
           }
+          CHECK(wrong == 0);
         }
-        CHECK(wrong == 0);
       }
     }
   }

@@ -1,8 +1,9 @@
 // Stage 07's backward on the host (tensor_core.h, backward_mirror): the
-// kernels' tiles and loops (one K/V block of Bc keys at a time, the Q blocks
-// of kBr rows of every query head of its group streaming past from the first
-// that sees it, dK_j and dV_j summed over the group before their one
-// rounding, dQ summed in fp32 across K/V blocks as the atomics sum it), their mask (the same functions,
+// kernels' tiles and loops (one K/V block of Bc keys at a time, the passes
+// of q_block rows (one Q block of kBr, or two at d = 64) of every query head
+// of its group streaming past from the first Q block that sees it, dK_j and
+// dV_j summed over the group before their one rounding, dQ summed in fp32
+// across K/V blocks as the atomics sum it), their mask (the same functions,
 // tensor_core_backward_tiles.h) and their numerics in p.dtype, so
 // that the low-precision rule (common/check.h) can be checked on the CPU
 // against what the GPU will compute. Sums run in a fixed order here; the
@@ -33,6 +34,9 @@ void backward_mirror(const Problem& p, const HostBackwardTensors& t) {
   // (64 at d = 64): the blocks only group the keys, and every sum below runs
   // in the same order either way.
   const int Bc = bwd::block_keys(head_dim_bucket(p.d), true);
+  // And its passes' rows (q_block), from a Q block's first row: the tiles
+  // whose corners the mask is tested from.
+  const int Br = bwd::q_block(head_dim_bucket(p.d), true);
   const std::int64_t G = p.group();
   const auto row_elems = static_cast<std::size_t>(p.Nq) * d;
   for (std::int64_t kv = 0; kv < p.B * p.kv_heads(); ++kv) {
@@ -64,12 +68,12 @@ void backward_mirror(const Problem& p, const HostBackwardTensors& t) {
         const float* Dm = D.data() + m * p.Nq;            // [Nq]
         const float* Lm = L_log2.data() + m * p.Nq;       // [Nq]
         float* dQm = dQ_accum.data() + m * p.Nq * p.d;    // [Nq, d]
-        for (std::int64_t q0 = row_first / bwd::kBr * bwd::kBr; q0 < p.Nq; q0 += bwd::kBr) {
+        for (std::int64_t q0 = row_first / bwd::kBr * bwd::kBr; q0 < p.Nq; q0 += Br) {
           // The kernel's mask, pair by pair (a masked pair has P = 0 there).
           const int diag = bwd::tile_diag(static_cast<int>(q0), static_cast<int>(key0),
                                           static_cast<int>(p.Nq), static_cast<int>(p.Nk));
           const bool whole = bwd::whole_tile(keys, Bc, p.causal, diag);
-          for (int q = 0; q < bwd::kBr && q0 + q < p.Nq; ++q) {
+          for (int q = 0; q < Br && q0 + q < p.Nq; ++q) {
             const std::int64_t i = q0 + q;
             for (int key = 0; key < keys; ++key) {
               if (!whole && !bwd::visible(key, q, keys, p.causal, diag)) continue;

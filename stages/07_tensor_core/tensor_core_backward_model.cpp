@@ -4,7 +4,13 @@
 // four.
 //
 // Per head, K/V block j holds C_j keys and is visited by the Q blocks from
-// i_first(j) on (0 unless causal): rows_j valid rows in n_j Q blocks.
+// i_first(j) on (0 unless causal): rows_j valid rows in n_j Q blocks of
+// bwd::kBr, which the (dK, dV) kernel takes in passes of bwd::q_block rows
+// (two Q blocks a pass in the atomic variant at d = 64, else one): m_j
+// passes. What the kernel does once a pass (barriers, each warp's reads of
+// its keys of Kj and Vj, the dQ step's of Kj) counts per pass, what it
+// does per row per row, and the dQ adds per Q block of kBr (a warp of a
+// pass's second Q block adds nothing where that block lies past Nq).
 // Grouped heads (H_kv < H): what the (dK, dV) kernel does per K/V block
 // itself (Kj, Vj read and written to shared memory, dK_j, dV_j written) is
 // counted per K/V head, B H_kv times, since one thread block streams the Q
@@ -31,20 +37,21 @@
 //   both warps of a key group at d = 256); dV += P^T dO and dK += dS^T Q
 //   read dOi and Qi once per key group (each warp its columns); L and D
 //   once per key group. With 2-D warp tiles (d = 128, both variants; d = 64,
-//   atomic), a warp's S^T, dP^T tile of 32 keys x 32 queries reads its keys
-//   of Kj, Vj and its queries of Qi, dOi, so that per visited row and Q block the
-//   kTileSideWarps warps of a key range read all C_j keys and the
+//   atomic), a warp's S^T, dP^T tile of 32 keys x Br / 2 queries (32, or 64
+//   in passes of 128) reads its keys of Kj, Vj and its queries of Qi, dOi,
+//   so that per visited row and pass the kTileSideWarps warps of a key
+//   range read all C_j keys and the
 //   kTileKeyWarps warps of a query range all the rows; its dV, dK tile of 32
-//   keys x d / 2 columns reads its keys' P^T, dS^T rows over all the Q block's
+//   keys x d / 2 columns reads its keys' P^T, dS^T rows over all the pass's
 //   rows (kTileSideWarps times a row's C_j) and its columns of dOi, Qi
 //   (kTileKeyWarps times a row's d); L and D once per warp whose queries
 //   hold the row (kTileKeyWarps).
 //   Then, in either tiling, the atomic variant's dQ step reads dS's C_j
 //   per row once per chunk of dq_chunk columns (each chunk reloads its
 //   warp's dS fragments; a row's chunks, over the warps that share its
-//   rows, cover d rounded up to whole chunks) and Kj's C_j d per Q block
-//   per row group (bwd::dq_row_groups: 4 groups of 16 rows, 2 of 32 at
-//   d = 128).
+//   rows, cover d rounded up to whole chunks) and Kj's C_j d per pass per
+//   row group (bwd::dq_row_groups: 4 groups of 32 rows at d = 64, 2 of 32
+//   at d = 128, 4 of 16 at d = 256).
 // - Matmul FLOPs: the five products, 2 C_j d per row each; at d = 256 the two
 //   warps of a key group both compute S^T and dP^T (counted: executed work).
 //   The deterministic variant's dQ kernel adds S, dP and dQ = dS K (6 R C d
@@ -57,7 +64,7 @@
 // - Conversion pass (atomic variant): 4 d read, d elements written per row,
 //   one multiply per element.
 // - Block barriers, summed over thread blocks: a (dK, dV) block meets once
-//   per visited (query head, Q block) pair and once before its tiles are
+//   per visited (query head, pass) pair and once before its tiles are
 //   reused; in the atomic variant with two dS tiles (bwd::ds_tiles, d = 256)
 //   once more after the pairs, for the last pair's dQ step (each pair's dQ
 //   step runs behind the next pair's barrier), with one tile once more per
@@ -98,6 +105,7 @@ Cost backward_model(const Problem& p) {
   const std::int64_t score_stores = tile_2d ? 2 : kAtomicDQ ? 1 : 0;
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const std::int64_t Tr = ceil_div(p.Nq, bwd::kBr);
+  const std::int64_t Br = bwd::q_block(bucket, kAtomicDQ);  // rows per pass
   const std::int64_t slices = bwd::kBr / bwd::q_slice(bucket, kAtomicDQ);
   const std::int64_t dq_chunk = bwd::dq_chunk(bucket);
   const std::int64_t dq_cols = std::min<std::int64_t>(bucket, ceil_div(d, dq_chunk) * dq_chunk);
@@ -114,9 +122,10 @@ Cost backward_model(const Problem& p) {
     }
     const std::int64_t i_first = first_row / bwd::kBr;
     head.skipped_tiles += i_first;
-    const std::int64_t blocks = Tr - i_first;
+    const std::int64_t blocks = Tr - i_first;  // Q blocks of kBr
     const std::int64_t rows = p.Nq - i_first * bwd::kBr;
-    head.barriers += barriers_per_pair * blocks;
+    const std::int64_t passes = ceil_div(rows, Br);
+    head.barriers += barriers_per_pair * passes;
     kv_head.barriers += defer_dq ? 2 : 1;  // the last pair's dQ step; the tiles' reuse
     kv_head.hbm_read_bytes += 2 * C * d * e;  // Kj, Vj
     kv_head.sram_write_bytes += 2 * C * d * e;
@@ -124,12 +133,12 @@ Cost backward_model(const Problem& p) {
     head.sram_write_bytes += rows * (2 * d * e + 2 * kFloatBytes) + score_stores * rows * C * e;
     if (tile_2d) {
       const std::int64_t key_warps = bwd::kTileKeyWarps, side_warps = bwd::kTileSideWarps;
-      head.sram_read_bytes += 2 * (blocks * side_warps * C + key_warps * rows) * d * e  // S^T, dP^T
+      head.sram_read_bytes += 2 * (passes * side_warps * C + key_warps * rows) * d * e  // S^T, dP^T
                               + 2 * (side_warps * rows * C + key_warps * rows * d) * e  // dV, dK
                               + rows * key_warps * 2 * kFloatBytes;                   // L, D
     } else {
       head.sram_read_bytes += rows * (2 * warps + 2 * groups) * d * e +
-                              blocks * slices * 2 * split * C * d * e +
+                              passes * slices * 2 * split * C * d * e +
                               rows * groups * 2 * kFloatBytes;
     }
     const std::int64_t products = kAtomicDQ ? 5 : 4;
@@ -140,7 +149,7 @@ Cost backward_model(const Problem& p) {
       head.hbm_write_bytes += blocks * bwd::kBr * dq_cols * kFloatBytes;
       const std::int64_t dq_chunks = dq_cols / dq_chunk;  // per row, over its warps
       head.sram_read_bytes +=
-          rows * C * dq_chunks * e + blocks * bwd::dq_row_groups(bucket) * C * d * e;
+          rows * C * dq_chunks * e + passes * bwd::dq_row_groups(bucket) * C * d * e;
     }
   }
   if (!kAtomicDQ) {
