@@ -726,7 +726,8 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     store_dk_dv(0.0f);  // dK and dV are still 0
     return;
   }
-  // The first pass's first row: a Q block's (kBr), the pass q_block rows from there.
+  // The first pass's first row: a Q block's, a multiple of kBr, so that the
+  // causal skip keeps the Q blocks' grain in passes of two Q blocks too.
   const int q_first = static_cast<int>(row_first / kBr * kBr);
 
   const LaneOffsets<C::kHeadDim> at_a(a_point(lane)), at_bk(k_point(lane)), at_bv(v_point(lane));
