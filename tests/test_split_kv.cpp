@@ -104,15 +104,20 @@ TEST_CASE("stage 09's split rule by hand") {
   CHECK(sk::make_plan(p, 132).splits == 1);
   p.dtype = flashstep::DType::kBf16;
   CHECK(sk::make_plan(p, 132).splits == 2);
-  // One wave holds the cap: one K/V head (MQA on one sequence) of 32k keys
-  // takes 128 splits of 256 keys (kMinKeysPerSplit, kShortSplitCap); of
+  // One wave holds the cap: one K/V head (MQA on one sequence) of 1k keys
+  // takes 16 splits of 64 keys (kMinKeysPerSplit: one or two 32-key tiles a
+  // block, where 256 keys a split were a chain of 8); of 4k keys 64 of 64;
+  // of 16k keys 128 of 128 (kShortSplitCap); of 32k keys 128 of 256; of
   // 64k keys 128 of 512 (more would have fewer than kMinKeysPastShortCap
   // keys); of 192k keys 192 of 1,024; of 256k keys 256 (kMaxSplits): 256
   // blocks in one wave of 264 slots.
   p.B = 1;
   p.H_kv = 1;
   p.d = 128;
-  for (auto [Nk, splits] : {std::pair<std::int64_t, std::int64_t>{32768, 128},
+  for (auto [Nk, splits] : {std::pair<std::int64_t, std::int64_t>{1024, 16},
+                            {4096, 64},
+                            {16384, 128},
+                            {32768, 128},
                             {65536, 128},
                             {196608, 192},
                             {262144, sk::kMaxSplits}}) {
@@ -120,10 +125,23 @@ TEST_CASE("stage 09's split rule by hand") {
     CAPTURE(Nk);
     CHECK(sk::make_plan(p, 132).splits == splits);
   }
-  // Few keys: at least kMinKeysPerSplit (256) a split.
+  // Few keys: at least kMinKeysPerSplit (64) a split. 8 K/V heads of 1,000
+  // keys: 16 splits of 64 (128 blocks, one wave); 64 sequences of MQA
+  // (64 blocks unsplit, 16 splits would be 1,024 blocks): the fewest splits
+  // within 95 % of the best fill, 4 of 256 keys (256 blocks, 97 %), as 256
+  // keys a split gave.
   p.H_kv = 8;
   p.Nk = 1000;
-  CHECK(sk::make_plan(p, 132).splits == 4);
+  sk::Plan few = sk::make_plan(p, 132);
+  CHECK(few.splits == 16);
+  CHECK(few.keys_per_split == 64);
+  p.H_kv = 1;
+  p.B = 64;
+  few = sk::make_plan(p, 132);
+  CHECK(few.splits == 4);
+  CHECK(few.keys_per_split == 256);
+  p.B = 1;
+  p.H_kv = 8;
   p.Nk = 1;
   CHECK(sk::make_plan(p, 132).splits == 1);
   // Many keys: at most kMaxSplits.
@@ -396,7 +414,7 @@ TEST_CASE("stage 09 in bf16 and fp16: the mirror passes FlashAttention's rule an
 }
 
 TEST_CASE("stage 09 in bf16: Q's fragments once a split where held in registers, and the narrow layout, by hand") {
-  // One query head group, one split, no mask. SRAM reads by hand
+  // One query head group, one split (the one-block plan), no mask. SRAM reads by hand
   // (split_kv_model.cpp's conventions): S slices a step, RG warps sharing a
   // slice, 2-byte elements, fp32 for the slices' merge (2 S + 2 S d + 1 per
   // row).
@@ -424,8 +442,10 @@ TEST_CASE("stage 09 in bf16: Q's fragments once a split where held in registers,
     p.H_kv = k.H_kv;
     p.dtype = flashstep::DType::kBf16;
     CAPTURE(p.describe());
-    REQUIRE(sk::make_plan(p, sk::kModelSmCount).splits == 1);
-    CHECK(sk::model(p).sram_read_bytes == k.sram_read_bytes);
+    // The one-block plan: one split however many keys (128 keys at d = 64
+    // are two splits of kMinKeysPerSplit in the split plan).
+    REQUIRE(sk::make_plan(p, sk::kModelSmCount, false).splits == 1);
+    CHECK(sk::model_one_block(p).sram_read_bytes == k.sram_read_bytes);
   }
 }
 

@@ -205,11 +205,20 @@ inline constexpr double kFullGrid = 0.8;
 /// SMs with one block, whose 1 to 2 K/V tiles in flight may not cover the
 /// SM's share of the bandwidth.
 inline constexpr double kWaveFill = 0.95;
-/// At least this many keys per split, so that the partials (d + 1 floats per
-/// row and split, written and read back by the merge) stay small beside the
-/// K and V a split reads (2 d elements per key): at 256 keys they are under
-/// 1 % of it when the group has one row.
-inline constexpr std::int64_t kMinKeysPerSplit = 256;
+/// At least this many keys per split. A split is a chain of dependent K/V
+/// tiles in one block (barrier, fragments, mma, softmax a tile, about
+/// 0.7 us each at MQA, tuning_09 run 11), so where the GPU is underfilled
+/// and the keys are few the chain, not the bytes, sets the time: 256 keys were
+/// 8 tiles of 32 and kept MQA on one sequence at about 17 us from 1k to 32k
+/// keys. 64 keys are 1 to 2 tiles (one barrier step in the narrow layout).
+/// The rule takes this many only where the GPU has room: one wave holds
+/// n0 ceil(Nk / 64) blocks or the wave fill picks the count (make_plan),
+/// and past Nk = 64 kShortSplitCap = 8k keys the cap binds instead, so long
+/// decodes keep their splits. The partials (d + 1 floats per row and split,
+/// written and read back by the merge) grow beside the K and V a split
+/// reads (2 d elements per key): 1.6 % with one row, about half with 32
+/// (MQA), but at these sizes that is a few hundred KB.
+inline constexpr std::int64_t kMinKeysPerSplit = 64;
 /// Splits of kMinKeysPerSplit keys go up to this many: 128, about one block
 /// an SM on 132 SMs for a lone (batch, K/V head) (MQA on one sequence).
 inline constexpr std::int64_t kShortSplitCap = 128;
