@@ -105,9 +105,10 @@ TEST_CASE("stage 09's split rule by hand") {
   p.dtype = flashstep::DType::kBf16;
   CHECK(sk::make_plan(p, 132).splits == 2);
   // One wave holds the cap: one K/V head (MQA on one sequence) of 1k keys
-  // takes 16 splits of 64 keys (kMinKeysPerSplit: one or two 32-key tiles a
-  // block, where 256 keys a split were a chain of 8); of 4k keys 64 of 64;
-  // of 16k keys 128 of 128 (kShortSplitCap); of 32k keys 128 of 256; of
+  // takes 16 splits of 64 keys (kIdleMinKeysPerSplit: one or two 32-key
+  // tiles a block, where 256 keys a split were a chain of 8); of 4k keys 64
+  // of 64; of 16k keys 128 of 128 (kShortSplitCap; 64 blocks of 256 keys
+  // leave the GPU idle); of 32k keys 128 of 256 (128 blocks: not idle); of
   // 64k keys 128 of 512 (more would have fewer than kMinKeysPastShortCap
   // keys); of 192k keys 192 of 1,024; of 256k keys 256 (kMaxSplits): 256
   // blocks in one wave of 264 slots.
@@ -125,11 +126,12 @@ TEST_CASE("stage 09's split rule by hand") {
     CAPTURE(Nk);
     CHECK(sk::make_plan(p, 132).splits == splits);
   }
-  // Few keys: at least kMinKeysPerSplit (64) a split. 8 K/V heads of 1,000
-  // keys: 16 splits of 64 (128 blocks, one wave); 64 sequences of MQA
-  // (64 blocks unsplit, 16 splits would be 1,024 blocks): the fewest splits
-  // within 95 % of the best fill, 4 of 256 keys (256 blocks, 97 %), as 256
-  // keys a split gave.
+  // Few keys on an idle GPU: at least kIdleMinKeysPerSplit (64) a split. 8
+  // K/V heads of 1,000 keys (4 splits of 256 would be 32 blocks, at most
+  // half of 132 SMs: idle_grid): 16 splits of 64 (128 blocks, one wave);
+  // 64 sequences of MQA (64 blocks unsplit, 256 in splits of 256: not
+  // idle): the fewest splits within 95 % of the best fill, 4 of 256 keys
+  // (256 blocks, 97 %).
   p.H_kv = 8;
   p.Nk = 1000;
   sk::Plan few = sk::make_plan(p, 132);
@@ -140,6 +142,19 @@ TEST_CASE("stage 09's split rule by hand") {
   few = sk::make_plan(p, 132);
   CHECK(few.splits == 4);
   CHECK(few.keys_per_split == 256);
+  // A busier GPU keeps 256 keys a split: MQA on 8 sequences of 4k keys (16
+  // splits of 256 are 128 blocks, more than half of 132 SMs) takes those 16,
+  // not 32 of 128 (run 12: 4 % slower); 32 K/V heads of 1k keys take 4.
+  p.B = 8;
+  p.Nk = 4096;
+  CHECK_FALSE(sk::idle_grid(p, 8, 132));
+  few = sk::make_plan(p, 132);
+  CHECK(few.splits == 16);
+  CHECK(few.keys_per_split == 256);
+  p.B = 1;
+  p.H_kv = 32;
+  p.Nk = 1024;
+  CHECK(sk::make_plan(p, 132).splits == 4);
   p.B = 1;
   p.H_kv = 8;
   p.Nk = 1;
@@ -213,11 +228,13 @@ TEST_CASE("stage 09's split rule fills its waves") {
           const std::int64_t blocks = n0 * splits;
           return static_cast<double>(blocks) / static_cast<double>(((blocks - 1) / slots + 1) * slots);
         };
-        CHECK(plan.splits <= sk::split_cap(p));
+        const std::int64_t cap =
+            sk::split_cap(p, sk::min_keys_per_split(p, n0, sk::kModelSmCount));
+        CHECK(plan.splits <= cap);
         if (plan.splits == 1) continue;
         CHECK(n0 < sk::kFullGrid * slots);
-        if (n0 * plan.splits <= slots && plan.splits == dealt(sk::split_cap(p))) continue;
-        for (std::int64_t s = 1; s <= sk::split_cap(p); ++s) {
+        if (n0 * plan.splits <= slots && plan.splits == dealt(cap)) continue;
+        for (std::int64_t s = 1; s <= cap; ++s) {
           CAPTURE(s);
           CHECK(fill(plan.splits) >= sk::kWaveFill * fill(dealt(s)));
         }

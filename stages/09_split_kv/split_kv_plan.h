@@ -205,20 +205,25 @@ inline constexpr double kFullGrid = 0.8;
 /// SMs with one block, whose 1 to 2 K/V tiles in flight may not cover the
 /// SM's share of the bandwidth.
 inline constexpr double kWaveFill = 0.95;
-/// At least this many keys per split. A split is a chain of dependent K/V
-/// tiles in one block (barrier, fragments, mma, softmax a tile, about
-/// 0.7 us each at MQA, tuning_09 run 11), so where the GPU is underfilled
-/// and the keys are few the chain, not the bytes, sets the time: 256 keys were
-/// 8 tiles of 32 and kept MQA on one sequence at about 17 us from 1k to 32k
-/// keys. 64 keys are 1 to 2 tiles (one barrier step in the narrow layout).
-/// The rule takes this many only where the GPU has room: one wave holds
-/// n0 ceil(Nk / 64) blocks or the wave fill picks the count (make_plan),
-/// and past Nk = 64 kShortSplitCap = 8k keys the cap binds instead, so long
-/// decodes keep their splits. The partials (d + 1 floats per row and split,
-/// written and read back by the merge) grow beside the K and V a split
-/// reads (2 d elements per key): 1.6 % with one row, about half with 32
-/// (MQA), but at these sizes that is a few hundred KB.
-inline constexpr std::int64_t kMinKeysPerSplit = 64;
+/// At least this many keys per split, so that the partials (d + 1 floats per
+/// row and split, written and read back by the merge) stay small beside the
+/// K and V a split reads (2 d elements per key): at 256 keys they are under
+/// 1 % of it when the group has one row, a quarter at MQA (32 rows).
+inline constexpr std::int64_t kMinKeysPerSplit = 256;
+/// At least this many keys per split where the GPU would be mostly idle
+/// (idle_grid): there a split's chain of dependent K/V tiles in one block
+/// (barrier, fragments, mma, softmax a tile, about 0.7 us each at MQA,
+/// tuning_09 run 11), not the bytes, sets the time. 256 keys were 8 tiles of
+/// 32 and kept MQA on one sequence near 18 us from 1k to 4k keys; 64 keys
+/// are 1 to 2 tiles. Where the GPU is busier the partials' bytes and the
+/// merge's work cost more than the shorter chain saves (tuning_09 run 12:
+/// 128 blocks of 256 keys made 256 of 128 and ran 4-5 % slower).
+inline constexpr std::int64_t kIdleMinKeysPerSplit = 64;
+/// The GPU counts as idle (idle_grid) while the blocks of kMinKeysPerSplit
+/// splits would occupy at most this share of its SMs: in run 12 plans of
+/// 4 to 64 such blocks on 132 SMs gained from shorter splits, plans of 128
+/// lost.
+inline constexpr double kIdleShare = 0.5;
 /// Splits of kMinKeysPerSplit keys go up to this many: 128, about one block
 /// an SM on 132 SMs for a lone (batch, K/V head) (MQA on one sequence).
 inline constexpr std::int64_t kShortSplitCap = 128;
@@ -265,19 +270,35 @@ inline std::int64_t keys_per_split(std::int64_t Nk, std::int64_t splits) {
   return ((Nk - 1) / (splits * kBc) + 1) * kBc;
 }
 
-/// Splits allowed for p: min(ceil(Nk / kMinKeysPerSplit), kShortSplitCap),
-/// or ceil(Nk / kMinKeysPastShortCap) where that is more, at most kMaxSplits.
-inline std::int64_t split_cap(const Problem& p) {
-  const std::int64_t short_splits = std::min((p.Nk - 1) / kMinKeysPerSplit + 1, kShortSplitCap);
+/// Splits allowed for p with at least min_keys keys a split:
+/// min(ceil(Nk / min_keys), kShortSplitCap), or ceil(Nk /
+/// kMinKeysPastShortCap) where that is more, at most kMaxSplits.
+inline std::int64_t split_cap(const Problem& p, std::int64_t min_keys) {
+  const std::int64_t short_splits = std::min((p.Nk - 1) / min_keys + 1, kShortSplitCap);
   const std::int64_t long_splits = (p.Nk - 1) / kMinKeysPastShortCap + 1;
   return std::min(std::max(short_splits, long_splits), kMaxSplits);
+}
+
+/// Whether n0 blocks split into kMinKeysPerSplit keys would leave the GPU
+/// mostly idle: at most kIdleShare of its sm_count SMs busy.
+inline bool idle_grid(const Problem& p, std::int64_t n0, int sm_count) {
+  return static_cast<double>(n0 * split_cap(p, kMinKeysPerSplit)) <= kIdleShare * sm_count;
+}
+
+/// The fewest keys a split of p may have on a GPU of sm_count SMs, with n0
+/// blocks unsplit: kIdleMinKeysPerSplit where idle_grid, else kMinKeysPerSplit.
+inline std::int64_t min_keys_per_split(const Problem& p, std::int64_t n0, int sm_count) {
+  return idle_grid(p, n0, sm_count) ? kIdleMinKeysPerSplit : kMinKeysPerSplit;
 }
 
 /// The split count: whole waves of blocks, as few splits as that allows.
 ///
 ///   blocks without splitting  n0 = B * H_kv * row_tiles
 ///   resident slots            R = SMs * resident_blocks(type, d bucket)
-///   cap                       min(ceil(Nk / kMinKeysPerSplit), kShortSplitCap),
+///   min keys                  kIdleMinKeysPerSplit (64) if n0 splits of
+///                             kMinKeysPerSplit (256) keys would occupy at most
+///                             kIdleShare of the SMs (idle_grid), else 256
+///   cap                       min(ceil(Nk / min keys), kShortSplitCap),
 ///                             or ceil(Nk / kMinKeysPastShortCap) if more,
 ///                             at most kMaxSplits (split_cap)
 ///   n0 >= kFullGrid R         1 split (the GPU is full already)
@@ -301,7 +322,7 @@ inline Plan make_plan(const Problem& p, int sm_count, bool split = true) {
   const std::int64_t n0 = p.B * p.kv_heads() * plan.row_tiles;
   const std::int64_t slots =
       static_cast<std::int64_t>(sm_count) * resident_blocks(p.dtype, head_dim_bucket(p.d));
-  const std::int64_t cap = split ? split_cap(p) : 1;
+  const std::int64_t cap = split ? split_cap(p, min_keys_per_split(p, n0, sm_count)) : 1;
   std::int64_t splits = 1;
   if (cap > 1 && n0 < kFullGrid * slots) {
     if (n0 * cap <= slots) {
@@ -328,12 +349,13 @@ inline Plan make_plan(const Problem& p, int sm_count, bool split = true) {
 }
 
 /// The most splits make_plan gives p on any GPU of up to kMaxSmCount SMs (the
-/// workspace's size): the cap, or 1 where n0 fills such a GPU already.
+/// workspace's size): the cap of the shortest splits, or 1 where n0 fills
+/// such a GPU already.
 inline std::int64_t max_splits(const Problem& p) {
   const std::int64_t n0 = p.B * p.kv_heads() * ((p.group() * p.Nq - 1) / kRows + 1);
   const std::int64_t slots =
       static_cast<std::int64_t>(kMaxSmCount) * resident_blocks(p.dtype, head_dim_bucket(p.d));
-  return n0 < kFullGrid * slots ? split_cap(p) : 1;
+  return n0 < kFullGrid * slots ? split_cap(p, kIdleMinKeysPerSplit) : 1;
 }
 
 /// Blocks of the merge kernel: kMergeWarps / merge_warps rows a block.
