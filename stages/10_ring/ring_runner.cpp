@@ -219,10 +219,8 @@ void RingRun::Impl::allocate(const Inputs& in) {
     g.O_part = alloc(lay.capacity * E, "ring: cudaMalloc O_part");
     g.L_part = static_cast<float*>(alloc(lay.lse_capacity * kFloatBytes, "ring: cudaMalloc L_part"));
     if (workspace > 0) g.workspace = alloc(workspace, "ring: cudaMalloc workspace");
-    // The flush buffer, zero-filled (flush_l2 reads it), and 16 bytes past it for the sink.
-    g.flush = alloc(g.flush_bytes + kL2FlushSinkBytes, "ring: cudaMalloc L2 flush buffer");
-    cuda_check(cudaMemset(g.flush, 0, static_cast<size_t>(g.flush_bytes + kL2FlushSinkBytes)),
-               "ring: zero the L2 flush buffer");
+    g.flush = alloc(l2_flush_allocation(g.flush_bytes), "ring: cudaMalloc L2 flush buffer");
+    zero_l2_flush_buffer(g.flush, g.flush_bytes);
     for (cudaEvent_t* e : {&g.start, &g.end}) cuda_check(cudaEventCreate(e), "ring: event");
     for (auto* list : {&g.compute_begin, &g.compute_done, &g.comm_start, &g.comm_end}) {
       list->resize(static_cast<size_t>(s.ranks()));
@@ -449,8 +447,7 @@ RingTiming RingRun::time(int warmup, int iterations) {
   for (int k = 0; k < iterations; ++k) {
     for (Gpu& g : m.gpus) {
       cuda_check(cudaSetDevice(g.device), "ring: cudaSetDevice");
-      flush_l2(g.flush, g.flush_bytes,
-               reinterpret_cast<unsigned*>(static_cast<char*>(g.flush) + g.flush_bytes), g.compute);
+      flush_l2(g.flush, g.flush_bytes, g.compute);
     }
     m.launch();
     m.sync_all();

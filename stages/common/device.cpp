@@ -266,20 +266,17 @@ Timing DeviceRun::time(int warmup, int iterations) {
 
 Timing DeviceRun::time_launches(int warmup, int iterations, void (DeviceRun::*launch_fn)()) {
   if (iterations < 1) throw Error("iterations must be >= 1");
-  // The flush buffer, zero-filled once (flush_l2 reads it), and the sink past it.
   const std::int64_t flush_bytes = kL2FlushFactor * device_info().l2_bytes;
-  void* flush = device_alloc<void>(flush_bytes + kL2FlushSinkBytes, "cudaMalloc L2 flush buffer");
-  unsigned* sink = reinterpret_cast<unsigned*>(static_cast<char*>(flush) + flush_bytes);
+  void* flush = device_alloc<void>(l2_flush_allocation(flush_bytes), "cudaMalloc L2 flush buffer");
   cudaEvent_t start = nullptr, stop = nullptr;
   std::vector<float> ms(static_cast<size_t>(iterations));
   try {
-    cuda_check(cudaMemset(flush, 0, static_cast<size_t>(flush_bytes + kL2FlushSinkBytes)),
-               "zero the L2 flush buffer");
+    zero_l2_flush_buffer(flush, flush_bytes);
     cuda_check(cudaEventCreate(&start), "cudaEventCreate");
     cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
     for (int k = 0; k < warmup; ++k) (this->*launch_fn)();
     for (int k = 0; k < iterations; ++k) {
-      flush_l2(flush, flush_bytes, sink, nullptr);
+      flush_l2(flush, flush_bytes, nullptr);
       cuda_check(cudaEventRecord(start), "cudaEventRecord");
       (this->*launch_fn)();
       cuda_check(cudaEventRecord(stop), "cudaEventRecord");

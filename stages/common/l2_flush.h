@@ -21,6 +21,13 @@ inline constexpr int kL2FlushBlocks = 4096;
 /// keeping the allocation a whole number of the kernel's loads).
 inline constexpr std::int64_t kL2FlushSinkBytes = 16;
 
+/// Bytes to allocate for a flush of `bytes`: the buffer and the sink past it.
+inline std::int64_t l2_flush_allocation(std::int64_t bytes) { return bytes + kL2FlushSinkBytes; }
+
+/// Zero-fills an allocation of l2_flush_allocation(bytes) bytes on the current
+/// device, as flush_l2 needs it (synchronous; once, before the timed runs).
+void zero_l2_flush_buffer(void* buffer, std::int64_t bytes);
+
 /// Reads `bytes` of `buffer` (16-byte aligned, a multiple of 16 bytes) once,
 /// on `stream`. A flush that *reads* leaves L2 holding clean lines; one that
 /// writes (a memset) leaves it full of dirty ones, and the next kernel then
@@ -30,9 +37,10 @@ inline constexpr std::int64_t kL2FlushSinkBytes = 16;
 /// The timed runs start from what a profiler's cache control gives: an L2
 /// with none of their data and nothing to write back. The dirty lines a run
 /// leaves behind (its outputs) are written back during the next flush,
-/// outside the timed region. `buffer` must be zero-filled; `sink` (4 bytes)
-/// is written only if a thread's XOR of it is not 0, which keeps the loads
-/// from being dropped.
-void flush_l2(const void* buffer, std::int64_t bytes, unsigned* sink, Stream stream);
+/// outside the timed region. `buffer` holds l2_flush_allocation(bytes)
+/// bytes, zero-filled (zero_l2_flush_buffer); the sink past `bytes` is
+/// written only if a thread's XOR of its words is not 0, which keeps the
+/// loads from being dropped.
+void flush_l2(void* buffer, std::int64_t bytes, Stream stream);
 
 }  // namespace flashstep
