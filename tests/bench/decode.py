@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep import Parser, check_flashstep, gpu_facts, write_csv  # noqa: E402
+from peers import flush_buffer, short, time_ms  # noqa: E402
 
 H = 32
 D = 128
@@ -134,7 +135,6 @@ def peer_rows(torch, b, h_kv, nq, nk, dtypes, copy_gbs, flush):
     """One row per SDPA backend of the element types `dtypes` on one problem (empty times and a
     note where it cannot run): a run for fp32 alone leaves the bf16 peers' rows, timed beside
     stage 09's bf16 rows, as they were."""
-    from peers import short, time_ms  # noqa: E402  (torch is only needed here)
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -227,7 +227,6 @@ def main():
     flush = None
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = False
-        from peers import flush_buffer  # noqa: E402  (torch is only needed here)
         flush = flush_buffer(torch, torch.device("cuda", 0))
     copy_gbs = copy_ceiling_gbs()
 
