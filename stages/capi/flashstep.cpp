@@ -29,8 +29,11 @@ using flashstep::Stage;
 thread_local std::string t_last_error;
 
 // Free device memory left beyond a workspace, for the allocator's granularity
-// and whatever the caller's next kernels need; a workspace that would leave
-// less is refused with ENOMEM before allocating.
+// and whatever the caller's next kernels need; a workspace from this size up
+// that would leave less is refused with ENOMEM before allocating. Smaller ones
+// are not checked first: cudaMemGetInfo costs about 5 us of host time a call
+// (H200, tuning_09 run 13), as much as a short decode's kernels, and a
+// failed allocation still says how much was free.
 constexpr std::int64_t kWorkspaceHeadroomBytes = 64ll << 20;
 // ForwardTensors promises the workspace 256-byte aligned.
 constexpr std::uintptr_t kWorkspaceAlign = 256;
@@ -159,6 +162,13 @@ void check_device_pointers(const std::vector<Tensor>& tensors) {
   }
 }
 
+// Free device memory now, in bytes.
+std::int64_t free_device_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda_or_fail(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return static_cast<std::int64_t>(free_bytes);
+}
+
 // Scratch memory for one call (`need` bytes, 256-byte aligned; `who` names its
 // user in messages), allocated and freed in stream order where the device has
 // memory pools, else with cudaMalloc (and a stream sync before the free).
@@ -168,12 +178,9 @@ class Workspace {
       : stream_(stream) {
     if (need <= 0) return;
     const std::int64_t bytes = need + static_cast<std::int64_t>(kWorkspaceAlign);
-    size_t free_bytes = 0, total_bytes = 0;
-    cuda_or_fail(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-    if (bytes + kWorkspaceHeadroomBytes > static_cast<std::int64_t>(free_bytes)) {
-      fail(FLASHSTEP_ENOMEM, who + " needs " + gib(need) + " of device workspace for " +
-                                 p.describe() + ", but only " +
-                                 gib(static_cast<std::int64_t>(free_bytes)) + " is free");
+    if (bytes >= kWorkspaceHeadroomBytes) {
+      const std::int64_t free_bytes = free_device_bytes();
+      if (bytes + kWorkspaceHeadroomBytes > free_bytes) refuse(need, who, p, free_bytes);
     }
     int device = 0, pools = 0;
     cuda_or_fail(cudaGetDevice(&device), "cudaGetDevice");
@@ -185,9 +192,9 @@ class Workspace {
                : cudaMalloc(&raw_, static_cast<size_t>(bytes)));
     if (status != cudaSuccess) {
       raw_ = nullptr;
-      fail(status == cudaErrorMemoryAllocation ? FLASHSTEP_ENOMEM : FLASHSTEP_ECUDA,
-           "allocating " + gib(need) + " of workspace for " + who + ": " +
-               cudaGetErrorString(status));
+      if (status == cudaErrorMemoryAllocation) refuse(need, who, p, free_device_bytes());
+      fail(FLASHSTEP_ECUDA, "allocating " + gib(need) + " of workspace for " + who + ": " +
+                                cudaGetErrorString(status));
     }
     const auto base = reinterpret_cast<std::uintptr_t>(raw_);
     aligned_ = reinterpret_cast<void*>((base + kWorkspaceAlign - 1) / kWorkspaceAlign *
@@ -210,6 +217,12 @@ class Workspace {
   void* at(std::int64_t offset) const { return static_cast<char*>(aligned_) + offset; }
 
  private:
+  [[noreturn]] static void refuse(std::int64_t need, const std::string& who, const Problem& p,
+                                  std::int64_t free_bytes) {
+    fail(FLASHSTEP_ENOMEM, who + " needs " + gib(need) + " of device workspace for " +
+                               p.describe() + ", but only " + gib(free_bytes) + " is free");
+  }
+
   cudaStream_t stream_;
   bool async_ = false;
   void* raw_ = nullptr;
