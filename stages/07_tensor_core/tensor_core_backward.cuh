@@ -807,10 +807,11 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   //                     each warp's S^T, dP^T tile reads Qi, dOi, L, D [b],
   //                     Kj, Vj and writes its 32 keys x Br / 2 queries of P^T
   //                     and dS^T;
-  //   after barrier k': dV += P^T dOi and dK += dS^T Qi read P^T, dS^T and
-  //                     Qi, dOi [b], each warp 32 keys x all Br queries of
-  //                     P^T, dS^T (other warps' tiles too); the atomic
-  //                     variant's dQ step reads dS^T and Kj.
+  //   after barrier k': the atomic variant's dQ step reads dS^T and Kj;
+  //                     then dV += P^T dOi and dK += dS^T Qi read P^T, dS^T
+  //                     and Qi, dOi [b], each warp 32 keys x all Br queries
+  //                     of P^T, dS^T (other warps' tiles too). All of them
+  //                     only read, so their order within the pass is free.
   // - P^T, dS^T: written before barrier k', so whole when read after it;
   //   rewritten by pair k + 1 after barrier k + 1 (after the last pair, by
   //   the next K/V head's after the barrier below the loop), which every
@@ -899,13 +900,19 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       store_scores_transposed<Elem, kBrPass>(PT, S, key_row0, q_col0);
       store_scores_transposed<Elem, kBrPass>(dS, dP, key_row0, q_col0);          // line 15
       __syncthreads();  // barrier k': the whole P^T and dS^T tiles are in
+      // The dQ step first: its reductions, fire-and-forget, drain under the
+      // dV and dK products. Taken last, each warp's burst of them (16 at
+      // d = 64 and 128) queued at the LSU right before barrier k + 1, with
+      // nothing left to hide it (ncu: LG-throttle stalls on the reductions,
+      // 5 % of the samples at d = 64, and a write-after-read wait on their
+      // address registers).
+      if constexpr (kAtomicDQ) {
+        dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0, p.Nq - q0);
+      }
       product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
           dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad);                    // line 12
       product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
           dK, dS, key_row0, at_ps, Qi + grad_col0, at_grad);                     // line 16
-      if constexpr (kAtomicDQ) {
-        dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0, p.Nq - q0);
-      }
     } else {
       // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
       // atomic kernel at d = 256, else 32): S^T and dP^T of one slice at a
