@@ -783,6 +783,13 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // one more spills): with G = 1 it is the ungrouped loop.
   std::int64_t bh = kv * p.G;  // the pair's query head
   int q0 = q_first;            // its pass's first row
+  // The 2-D tiles' dQ step: its pass's first row of the fp32 accumulator,
+  // [heads * dq_accum_rows(Nq)], carried with (bh, q0), so that a pass
+  // finds its reductions' address by an add where bh dq_accum_rows(Nq) + q0
+  // took a 64-bit multiply every pass, in the instructions right before
+  // the reductions (no register more: 255 at d = 64 and 128, no spill).
+  [[maybe_unused]] std::int64_t dq_pass = 0;
+  if constexpr (kAtomicDQ && k2D) dq_pass = bh * dq_accum_rows(p.Nq) + q0;
   // Pairs left, this one included: an int (backward() refuses more).
   int left = p.G * ((p.Nq - q_first - 1) / kBrPass + 1);
   // Whether a pair has passed, whose dQ step is then due (kDeferDQ). A
@@ -946,7 +953,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
         constexpr int kSteps = kBrPass / kMmaK;                 // of dV
         float dQc[C::kDQRowTiles][C::kChunkTiles][4];
         float* dQat = nullptr;  // stays null where the warp adds nothing (dq_step)
-        dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0, p.Nq - q0,
+        dq_step<Elem, C>(p, dS, Kj, dq_pass, p.Nq - q0,
                          [&](float* at, const float (&acc)[C::kDQRowTiles][C::kChunkTiles][4]) {
                            dQat = at;
 #pragma unroll
@@ -968,7 +975,7 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
             dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad, add_at);            // line 12
       } else {
         if constexpr (kAtomicDQ) {
-          dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0, p.Nq - q0);
+          dq_step<Elem, C>(p, dS, Kj, dq_pass, p.Nq - q0);
         }
         product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
             dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad);                    // line 12
@@ -1032,8 +1039,10 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     if (q0 >= p.Nq - kBrPass) {  // the next pair, as prefetched above
       q0 = q_first;
       ++bh;
+      if constexpr (kAtomicDQ && k2D) dq_pass = bh * dq_accum_rows(p.Nq) + q0;
     } else {
       q0 += kBrPass;
+      if constexpr (kAtomicDQ && k2D) dq_pass += kBrPass;
     }
   }
   // Before the last pair's dQ step (two dS tiles): a warp done with its
