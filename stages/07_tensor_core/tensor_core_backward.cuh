@@ -163,6 +163,10 @@ struct BackwardConfig {
   static constexpr int kDQCols = dq_warp_cols(kHeadDim);      // dQ columns per warp
   static constexpr int kDQChunkCols = dq_chunk(kHeadDim);     // of them at a time
   static constexpr int kChunkTiles = kDQChunkCols / kMmaN;    // n8 tiles of a dQ chunk
+  // Whether the dQ step runs before the 2-D tiles' dV product, its
+  // reductions spread over that product's k16 steps (dq_on_dv), or after
+  // the dV and dK products.
+  static constexpr bool kDQOnDV = kAtomicDQ && dq_on_dv(kHeadDim);
 
   // Shared memory: Kj, Vj; two buffers of Qi and dOi; two buffers of L and
   // D (fp32); then the dS^T and P^T tiles: in the atomic variant kDSTiles
@@ -578,8 +582,9 @@ __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t 
 /// to whole Q blocks of kBr, has no rows there. Reads shared memory only;
 /// the caller keeps the tile's writers out (dkdv_block). Each chunk goes to
 /// add(at, acc), at the lane's element (row g, column 2t) of the chunk in
-/// the accumulator: AddChunkNow adds it there and then; dkdv_block at
-/// d = 128 keeps it and spreads its reductions over the dV product.
+/// the accumulator: AddChunkNow adds it there and then; dkdv_block, where
+/// the step rides on the dV product (kDQOnDV), keeps it and spreads its
+/// reductions over that product.
 template <typename Elem, typename C, typename AddChunk = AddChunkNow<C>>
 __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, const Elem* Kj,
                                std::int64_t dq_row, [[maybe_unused]] int rows_left,
@@ -842,11 +847,14 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   //                     each warp's S^T, dP^T tile reads Qi, dOi, L, D [b],
   //                     Kj, Vj and writes its 32 keys x Br / 2 queries of P^T
   //                     and dS^T;
-  //   after barrier k': the atomic variant's dQ step reads dS^T and Kj;
-  //                     then dV += P^T dOi and dK += dS^T Qi read P^T, dS^T
+  //   after barrier k': dV += P^T dOi and dK += dS^T Qi read P^T, dS^T
   //                     and Qi, dOi [b], each warp 32 keys x all Br queries
-  //                     of P^T, dS^T (other warps' tiles too). All of them
-  //                     only read, so their order within the pass is free.
+  //                     of P^T, dS^T (other warps' tiles too); the atomic
+  //                     variant's dQ step reads dS^T and Kj, before the
+  //                     products at d = 128 (its reductions interleaved with
+  //                     dV's k16 steps, kDQOnDV), after them at d = 64. All
+  //                     of them only read shared memory, so either order is
+  //                     race-free.
   // - P^T, dS^T: written before barrier k', so whole when read after it;
   //   rewritten by pair k + 1 after barrier k + 1 (after the last pair, by
   //   the next K/V head's after the barrier below the loop), which every
@@ -935,19 +943,14 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       store_scores_transposed<Elem, kBrPass>(PT, S, key_row0, q_col0);
       store_scores_transposed<Elem, kBrPass>(dS, dP, key_row0, q_col0);          // line 15
       __syncthreads();  // barrier k': the whole P^T and dS^T tiles are in
-      // The atomic variant's dQ step first, right after barrier k', so that
-      // its reductions drain under the dV and dK products: taken last, each
-      // warp's 16 queued at the LSU in one burst right before barrier k + 1,
-      // with nothing left to hide them (ncu at d = 64: LG-throttle stalls on
-      // the reductions, 5 % of the samples, and a write-after-read wait on
-      // their registers). With kSpreadDQ (d = 128) the step's one chunk is
-      // kept in registers and its tiles added over the k16 steps of the dV
-      // product, two reductions a tile (add_dq_tile), where added at once
-      // they still left as one burst. At d = 64 keeping them spilled (ptxas,
-      // sm_90: 32 bytes stored in the score step, whether spread over 8, 4,
-      // 2 or 1 of dV's steps), so there they go at once.
-      constexpr bool kSpreadDQ = kAtomicDQ && C::kHeadDim == 128;
-      if constexpr (kSpreadDQ) {
+      // The atomic variant's dQ step: where it rides on the dV product
+      // (kDQOnDV, d = 128: dq_on_dv says why) it runs right after barrier
+      // k', its one chunk kept in registers and its tiles added over the
+      // k16 steps of the dV product, two reductions a tile (add_dq_tile), so
+      // that they drain under the dV and dK products instead of leaving as
+      // one burst of 16 right before barrier k + 1. Elsewhere (d = 64) it
+      // follows both products, its reductions added at once.
+      if constexpr (C::kDQOnDV) {
         static_assert(C::kDQCols == C::kDQChunkCols, "one dQ chunk a warp");
         constexpr int kAdds = C::kDQRowTiles * C::kChunkTiles;  // the chunk's tiles
         constexpr int kSteps = kBrPass / kMmaK;                 // of dV
@@ -974,14 +977,14 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
         product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
             dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad, add_at);            // line 12
       } else {
-        if constexpr (kAtomicDQ) {
-          dq_step<Elem, C>(p, dS, Kj, dq_pass, p.Nq - q0);
-        }
         product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
             dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad);                    // line 12
       }
       product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
           dK, dS, key_row0, at_ps, Qi + grad_col0, at_grad);                       // line 16
+      if constexpr (kAtomicDQ && !C::kDQOnDV) {
+        dq_step<Elem, C>(p, dS, Kj, dq_pass, p.Nq - q0);
+      }
     } else {
       // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
       // atomic kernel at d = 256, else 32): S^T and dP^T of one slice at a
