@@ -163,6 +163,10 @@ struct BackwardConfig {
   static constexpr int kDQCols = dq_warp_cols(kHeadDim);      // dQ columns per warp
   static constexpr int kDQChunkCols = dq_chunk(kHeadDim);     // of them at a time
   static constexpr int kChunkTiles = kDQChunkCols / kMmaN;    // n8 tiles of a dQ chunk
+  // Whether the dQ step runs before the 2-D tiles' dV product, its
+  // reductions spread over that product's k16 steps (dq_on_dv), or after
+  // the dV and dK products.
+  static constexpr bool kDQOnDV = kAtomicDQ && dq_on_dv(kHeadDim);
 
   // Shared memory: Kj, Vj; two buffers of Qi and dOi; two buffers of L and
   // D (fp32); then the dS^T and P^T tiles: in the atomic variant kDSTiles
@@ -386,6 +390,11 @@ __device__ inline void product_abt_2d(float (&acc)[kRowTiles][kTiles][4], const 
   }
 }
 
+/// product_ab_2d's hook after a k16 step where there is nothing to do there.
+struct NoStepHook {
+  __device__ void operator()(int) const {}
+};
+
 /// The 2-D warp tile of a product A B (warp_tile_2d): acc[kRowTiles m16 tiles
 /// x kOutTiles n8 tiles] += rows row0 .. of tile A, [Bc][kBr] (P^T or dS^T
 /// as the score step stored them: keys as rows, the pass's kBr queries as
@@ -393,11 +402,14 @@ __device__ inline void product_abt_2d(float (&acc)[kRowTiles][kTiles][4], const 
 /// (dOi or Qi from the warp's first column: ldmatrix.trans). dV += P^T dOi
 /// and dK += dS^T Qi of the (dK, dV) kernels at d = 128 (the atomic one at
 /// d = 64 too): 32 keys x d / 2 columns read 32 rows of A and kBr x d / 2
-/// of B, where 16 x d read all of B.
-template <typename Elem, int kHeadDim, int kBr, int kRowTiles, int kOutTiles>
+/// of B, where 16 x d read all of B. after_step(kk) runs after k16 step kk's
+/// mma (the atomic variant issues its dQ reductions there, dkdv_block).
+template <typename Elem, int kHeadDim, int kBr, int kRowTiles, int kOutTiles,
+          typename AfterStep = NoStepHook>
 __device__ inline void product_ab_2d(float (&acc)[kRowTiles][kOutTiles][4], const Elem* A,
                                      int row0, const LaneOffsets<kBr>& at_a, const Elem* B,
-                                     const LaneOffsets<kHeadDim>& at_bv) {
+                                     const LaneOffsets<kHeadDim>& at_bv,
+                                     AfterStep after_step = {}) {
 #pragma unroll
   for (int kk = 0; kk < kBr / kMmaK; ++kk) {
     std::uint32_t a[kRowTiles][4];
@@ -416,6 +428,7 @@ __device__ inline void product_ab_2d(float (&acc)[kRowTiles][kOutTiles][4], cons
         sm80::mma_m16n8k16<Elem>(acc[mt][2 * np + 1], a[mt], b_hi);
       }
     }
+    after_step(kk);
   }
 }
 
@@ -498,6 +511,27 @@ __device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
 #endif
 }
 
+/// Adds tile `tile` of a warp's dQ chunk (dq_step), its m16 tile
+/// tile / kChunkTiles and n8 tile tile % kChunkTiles, the lane's element of
+/// the chunk at `at`.
+template <typename C>
+__device__ inline void add_dq_tile(float* at, const float (&acc)[C::kDQRowTiles][C::kChunkTiles][4],
+                                   int tile) {
+  const int mt = tile / C::kChunkTiles, nt = tile % C::kChunkTiles;
+  add_to_dq<C::kHeadDim>(at + mt * kMmaM * C::kHeadDim + nt * kMmaN, acc[mt][nt]);
+}
+
+/// dq_step's chunks added as soon as they are made, every reduction of a
+/// chunk back to back.
+template <typename C>
+struct AddChunkNow {
+  __device__ void operator()(float* at,
+                             const float (&acc)[C::kDQRowTiles][C::kChunkTiles][4]) const {
+#pragma unroll
+    for (int tile = 0; tile < C::kDQRowTiles * C::kChunkTiles; ++tile) add_dq_tile<C>(at, acc, tile);
+  }
+};
+
 /// Starts the copies of a pass's C::kBr query rows (q_block: one Q block, or
 /// two at d = 64 in the atomic kernel), Qi and dOi and their rows' L and D,
 /// into their buffers (cp.async): the rows from q0 on of the query head bh
@@ -546,10 +580,15 @@ __device__ inline void load_q_block(const BackwardParams<Elem>& p, std::int64_t 
 /// blocks (C::kBr > kBr, q_block): a warp whose rows start past the pass's
 /// last Q block with real rows adds nothing, since the accumulator, padded
 /// to whole Q blocks of kBr, has no rows there. Reads shared memory only;
-/// the caller keeps the tile's writers out (dkdv_block).
-template <typename Elem, typename C>
+/// the caller keeps the tile's writers out (dkdv_block). Each chunk goes to
+/// add(at, acc), at the lane's element (row g, column 2t) of the chunk in
+/// the accumulator: AddChunkNow adds it there and then; dkdv_block, where
+/// the step rides on the dV product (kDQOnDV), keeps it and spreads its
+/// reductions over that product.
+template <typename Elem, typename C, typename AddChunk = AddChunkNow<C>>
 __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, const Elem* Kj,
-                               std::int64_t dq_row, [[maybe_unused]] int rows_left) {
+                               std::int64_t dq_row, [[maybe_unused]] int rows_left,
+                               AddChunk add = {}) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -618,13 +657,7 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
         }
       }
     }
-#pragma unroll
-    for (int mt = 0; mt < kRowTiles; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < C::kChunkTiles; ++nt) {
-        add_to_dq<C::kHeadDim>(dQw + mt * kMmaM * C::kHeadDim + chunk + nt * kMmaN, acc[mt][nt]);
-      }
-    }
+    add(dQw + chunk, acc);
   }
 }
 
@@ -755,6 +788,13 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   // one more spills): with G = 1 it is the ungrouped loop.
   std::int64_t bh = kv * p.G;  // the pair's query head
   int q0 = q_first;            // its pass's first row
+  // The 2-D tiles' dQ step: its pass's first row of the fp32 accumulator,
+  // [heads * dq_accum_rows(Nq)], carried with (bh, q0), so that a pass
+  // finds its reductions' address by an add where bh dq_accum_rows(Nq) + q0
+  // took a 64-bit multiply every pass, in the instructions right before
+  // the reductions (no register more: 255 at d = 64 and 128, no spill).
+  [[maybe_unused]] std::int64_t dq_pass = 0;
+  if constexpr (kAtomicDQ && k2D) dq_pass = bh * dq_accum_rows(p.Nq) + q0;
   // Pairs left, this one included: an int (backward() refuses more).
   int left = p.G * ((p.Nq - q_first - 1) / kBrPass + 1);
   // Whether a pair has passed, whose dQ step is then due (kDeferDQ). A
@@ -807,10 +847,14 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
   //                     each warp's S^T, dP^T tile reads Qi, dOi, L, D [b],
   //                     Kj, Vj and writes its 32 keys x Br / 2 queries of P^T
   //                     and dS^T;
-  //   after barrier k': dV += P^T dOi and dK += dS^T Qi read P^T, dS^T and
-  //                     Qi, dOi [b], each warp 32 keys x all Br queries of
-  //                     P^T, dS^T (other warps' tiles too); the atomic
-  //                     variant's dQ step reads dS^T and Kj.
+  //   after barrier k': dV += P^T dOi and dK += dS^T Qi read P^T, dS^T
+  //                     and Qi, dOi [b], each warp 32 keys x all Br queries
+  //                     of P^T, dS^T (other warps' tiles too); the atomic
+  //                     variant's dQ step reads dS^T and Kj, before the
+  //                     products at d = 128 (its reductions interleaved with
+  //                     dV's k16 steps, kDQOnDV), after them at d = 64. All
+  //                     of them only read shared memory, so either order is
+  //                     race-free.
   // - P^T, dS^T: written before barrier k', so whole when read after it;
   //   rewritten by pair k + 1 after barrier k + 1 (after the last pair, by
   //   the next K/V head's after the barrier below the loop), which every
@@ -899,12 +943,47 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       store_scores_transposed<Elem, kBrPass>(PT, S, key_row0, q_col0);
       store_scores_transposed<Elem, kBrPass>(dS, dP, key_row0, q_col0);          // line 15
       __syncthreads();  // barrier k': the whole P^T and dS^T tiles are in
+      // The atomic variant's dQ step: where it rides on the dV product
+      // (kDQOnDV, d = 128: dq_on_dv says why) it runs right after barrier
+      // k', its one chunk kept in registers and its tiles added over the
+      // k16 steps of the dV product, two reductions a tile (add_dq_tile), so
+      // that they drain under the dV and dK products instead of leaving as
+      // one burst of 16 right before barrier k + 1. Elsewhere (d = 64) it
+      // follows both products, its reductions added at once.
+      if constexpr (C::kDQOnDV) {
+        static_assert(C::kDQCols == C::kDQChunkCols, "one dQ chunk a warp");
+        constexpr int kAdds = C::kDQRowTiles * C::kChunkTiles;  // the chunk's tiles
+        constexpr int kSteps = kBrPass / kMmaK;                 // of dV
+        float dQc[C::kDQRowTiles][C::kChunkTiles][4];
+        float* dQat = nullptr;  // stays null where the warp adds nothing (dq_step)
+        dq_step<Elem, C>(p, dS, Kj, dq_pass, p.Nq - q0,
+                         [&](float* at, const float (&acc)[C::kDQRowTiles][C::kChunkTiles][4]) {
+                           dQat = at;
+#pragma unroll
+                           for (int mt = 0; mt < C::kDQRowTiles; ++mt) {
+#pragma unroll
+                             for (int nt = 0; nt < C::kChunkTiles; ++nt) {
+#pragma unroll
+                               for (int e = 0; e < 4; ++e) dQc[mt][nt][e] = acc[mt][nt][e];
+                             }
+                           }
+                         });
+        auto add_at = [&](int step) {
+#pragma unroll
+          for (int tile = 0; tile < kAdds; ++tile) {
+            if (tile * kSteps / kAdds == step && dQat != nullptr) add_dq_tile<C>(dQat, dQc, tile);
+          }
+        };
+        product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
+            dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad, add_at);            // line 12
+      } else {
+        product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
+            dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad);                    // line 12
+      }
       product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
-          dV, PT, key_row0, at_ps, dOi + grad_col0, at_grad);                    // line 12
-      product_ab_2d<Elem, C::kHeadDim, kBrPass, kKeyTiles, kGradTiles>(
-          dK, dS, key_row0, at_ps, Qi + grad_col0, at_grad);                     // line 16
-      if constexpr (kAtomicDQ) {
-        dq_step<Elem, C>(p, dS, Kj, bh * dq_accum_rows(p.Nq) + q0, p.Nq - q0);
+          dK, dS, key_row0, at_ps, Qi + grad_col0, at_grad);                       // line 16
+      if constexpr (kAtomicDQ && !C::kDQOnDV) {
+        dq_step<Elem, C>(p, dS, Kj, dq_pass, p.Nq - q0);
       }
     } else {
       // The Q block's queries in slices of kQSlice (q_slice: all 64 in the
@@ -963,8 +1042,10 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
     if (q0 >= p.Nq - kBrPass) {  // the next pair, as prefetched above
       q0 = q_first;
       ++bh;
+      if constexpr (kAtomicDQ && k2D) dq_pass = bh * dq_accum_rows(p.Nq) + q0;
     } else {
       q0 += kBrPass;
+      if constexpr (kAtomicDQ && k2D) dq_pass += kBrPass;
     }
   }
   // Before the last pair's dQ step (two dS tiles): a warp done with its

@@ -239,6 +239,15 @@ constexpr int dq_warp_cols(int head_dim_bucket) {
 constexpr int dq_chunk(int head_dim_bucket) {
   return dq_warp_cols(head_dim_bucket) < kDQChunk ? dq_warp_cols(head_dim_bucket) : kDQChunk;
 }
+/// Whether the atomic kernel's dQ step, with the 2-D warp tiles, rides on
+/// the dV product: it runs right after the second barrier, its one chunk
+/// kept in registers, its reductions spread over dV's k16 steps (d = 128),
+/// or it follows the dV and dK products, its reductions at once (d = 64).
+/// On the H200 (bwd median): at d = 128 the spread reductions gain 1.2 to
+/// 1.7 %; at d = 64 the step before the products costs 3 %, the burst's
+/// write-after-read waits holding the warp before its dV HMMAs (spread,
+/// ptxas spilled 32 bytes there).
+constexpr bool dq_on_dv(int head_dim_bucket) { return head_dim_bucket == 128; }
 
 /// The atomic (dK, dV) kernel's dS tiles. Two (d = 256): a Q block's dQ step
 /// runs in the next block's pass, behind its one barrier, reading one tile
