@@ -825,7 +825,8 @@ inline constexpr int kTurnThreads = 2 * kThreads;
 /// The tile loop of a consumer whose 64 rows all lie past Nq (the last Q
 /// block of a head, when Nq is not a multiple of the block's rows: at
 /// d = 64, 192-row blocks, N = 2048 leaves the heaviest Q block of every
-/// head 128 rows, one consumer with none, N = 4096 64 rows, two): it computes
+/// head 128 rows, one consumer with none, N = 4096 64 rows, two), or, under
+/// a causal mask with Nq > Nk, see no key of the item: it computes
 /// nothing, where it used to run every product on rows never written out,
 /// taking the tensor cores from the other consumers. It keeps the
 /// hand-overs in ping_pong_tiles' order: Qi released at once; then, n_blocks
@@ -835,8 +836,9 @@ inline constexpr int kTurnThreads = 2 * kThreads;
 /// passing a turn would deadlock the ring: the producer's next Vj waits for
 /// a buffer the other consumers free only in the turns this one holds up.
 /// Its O~ stays zero; write_output_tma writes it to the consumer's buffer
-/// and stores nothing (skipping that too put the consumer's item count on
-/// the stack at d = 64: ptxas spilled it).
+/// and stores nothing for rows past Nq (skipping the buffer too put the
+/// consumer's item count on the stack at d = 64: ptxas spilled it); rows
+/// that see no key get O = 0 and L = -inf.
 template <typename C, typename Turn, typename Pass, typename Release>
 __device__ inline void pass_tiles(const WsSmem<C>& s, int n_blocks, unsigned& tiles, Turn my_turn,
                                   Pass your_turn, Release release_q) {
@@ -854,6 +856,37 @@ __device__ inline void pass_tiles(const WsSmem<C>& s, int n_blocks, unsigned& ti
     if (k > 0) sm90::mbarrier_arrive(s.v_empty((t - 1) % kStages));
   }
   tiles = first + n_blocks;
+}
+
+/// The first K/V tiles of an item that lie wholly above the causal diagonal
+/// for this consumer's 64 rows, though not for the block's last row (the
+/// producer copies the tiles the block's last row sees): the consumer hands
+/// them over unread instead of computing scores it would mask to -inf. At
+/// d = 64 (192-row blocks on 128-key tiles, Nq = Nk) consumers 0 and 1 of
+/// every other block and consumer 0 of the rest skip one tile an item, 5 %
+/// of the products at N = 2048; FlashAttention-3 runs them (its consumers
+/// share the block's n_block range). They come first, since the tiles are
+/// visited from the last one down, so the consumer's own tile loop then
+/// runs as if the item had its own, shorter range. Each tile: wait for Kj
+/// and Vj to land (an arrival before that would count towards the buffer's
+/// previous use), take and pass one turn (steps 4-5: one a tile, as
+/// ping_pong_tiles takes them, so that every consumer takes as many turns
+/// an item and the ring stays in step), release both.
+template <typename C, typename Turn, typename Pass>
+__device__ inline void skip_tiles(const WsSmem<C>& s, int skipped, unsigned& tiles, Turn my_turn,
+                                  Pass your_turn) {
+  // Rolled: at most a tile or two an item, and its time is the barriers'.
+#pragma unroll 1
+  for (int k = 0; k < skipped; ++k, ++tiles) {
+    const int b = tiles % kStages;
+    const unsigned parity = tiles / kStages % 2;
+    sm90::mbarrier_wait(s.k_full(b), parity);
+    sm90::mbarrier_wait(s.v_full(b), parity);
+    my_turn();
+    your_turn();
+    sm90::mbarrier_arrive(s.k_empty(b));
+    sm90::mbarrier_arrive(s.v_empty(b));
+  }
 }
 
 /// The first of the output barriers, one per consumer after the turn
@@ -949,7 +982,11 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
   const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
   for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item);
-    const int q_row0 = it.row0 + w * kBr, n_blocks = it.n_blocks;
+    const int q_row0 = it.row0 + w * kBr, block_tiles = it.n_blocks;
+    // The tiles this consumer's last row sees, of the block's: fewer under a
+    // causal mask where the block's last row sees further (skip_tiles).
+    const int own_keys = keys_seen_by(static_cast<std::int64_t>(min(q_row0 + kBr, p.Nq)) - 1);
+    const int n_blocks = min(block_tiles, own_keys == 0 ? 0 : (own_keys - 1) / C::kBc + 1);
     int keys_seen[2];
     for (int h = 0; h < 2; ++h) {
       keys_seen[h] =
@@ -968,14 +1005,16 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
     // tile): the producer copies the next item's Qi under this item's last
     // softmax, last P~ V and the writing of O.
     auto release_q = [&] { sm90::mbarrier_arrive(s.q_empty()); };
-    if (n_blocks == 0) {
+    if (block_tiles == 0) {
       release_q();
-    } else if (q_row0 >= p.Nq) {
-      pass_tiles<C>(s, n_blocks, tiles, my_turn, your_turn, release_q);
+    } else if (q_row0 >= p.Nq || n_blocks == 0) {
+      pass_tiles<C>(s, block_tiles, tiles, my_turn, your_turn, release_q);
     } else if constexpr (C::kPingPong) {
+      skip_tiles<C>(s, block_tiles - n_blocks, tiles, my_turn, your_turn);
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
                                my_turn, your_turn, release_q);
     } else {
+      skip_tiles<C>(s, block_tiles - n_blocks, tiles, my_turn, your_turn);
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
         const int key0 = j * C::kBc;
         const int b = tiles % kStages;

@@ -5,7 +5,8 @@
 //   consumer warpgroup, one in steps 1-2 and two from step 3 (three at
 //   d <= 64: consumer_warpgroups); K/V blocks of
 //   Bc = key_tile(d bucket) keys (128 at d <= 128, 64 at d = 256) from the
-//   last visited one down, the causal blocks above the diagonal skipped;
+//   last visited one down, the causal blocks above the diagonal skipped,
+//   and by each consumer those above its own rows' diagonal;
 // - each consumer warpgroup's wgmma chains read its rows of Qi (S's A
 //   operand) once per tile and Kj, Vj (the B operands) once for its 64 rows;
 // - bf16 or fp16 Q, K, V, O; fp32 S, O~, m, l, L; the online softmax in log2
@@ -71,10 +72,12 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     chip.load(Kh + key0 * d, C, d, Kj);  // line 7
     chip.load(Vh + key0 * d, C, d, Vj);
     // Each consumer warpgroup w in turn, on its rows r0 .. r0 + rows - 1; one
-    // whose rows all lie past Nq computes nothing (pass_tiles).
+    // whose rows all lie past Nq computes nothing (pass_tiles), nor one for
+    // which tile j lies wholly above the causal diagonal (skip_tiles).
     for (std::int64_t w = 0; w * kBr < R && w < consumers; ++w) {
       const std::int64_t r0 = w * kBr;
       const std::int64_t rows = std::min<std::int64_t>(kBr, R - r0);
+      if (j >= ceil_div(p.visible_keys(row0 + r0 + rows - 1), Bc)) continue;
       // Line 8: one wgmma chain reads the warpgroup's rows of Qi (negated by
       // imm-scale-a when the scale is negative) and all of Kj.
       std::vector<float> Q_frag = chip.fragments(Qi, r0, rows);  // [rows, d]
