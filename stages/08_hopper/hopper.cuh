@@ -668,19 +668,47 @@ __device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const WsCursor& 
 }
 
 /// The producer: thread 0 of warpgroup 0 issues every copy of the block's
-/// items, in the order the consumers use them: Kj, then Vj. A buffer's t-th
-/// fill waits for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e.
-/// t % 2 ^ 1 (on a fresh barrier, waiting for parity 1 returns at once).
-/// Kj's buffer is released first (once S is in), so the next Kj but one is
-/// on its way while this tile's Vj is still read.
+/// items, in the order the consumers use them. A buffer's t-th fill waits
+/// for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e. t % 2 ^ 1
+/// (on a fresh barrier, waiting for parity 1 returns at once). Kj's buffer
+/// is released first (once S is in), so the next Kj but one can be on its
+/// way while this tile's Vj is still read. Two choices of FlashAttention-3's
+/// producer (its mainloop's load) keep the copies of Kj off the wait for Vj:
+/// - the item's first Kj is copied before its Qi: Kj's buffer is free a
+///   tile before Qi's (which waits for the last item's last S), and the
+///   copy is under way by then;
+/// - in steps 4-5, which read V_{j+1} beside K_j (ping_pong_tiles), K_{j-1}
+///   is copied ahead of V_j: V_j's buffer is freed a tile after K_j's, and
+///   copied in the order Kj, Vj the next Kj waited behind it. Step 3 reads
+///   Kj and Vj in one iteration and keeps that order.
 template <typename Elem, typename C>
 __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                                const WsSmem<C>& s) {
   unsigned tiles = 0, items_done = 0;
   const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  // K or V block j of the head into its buffer for the block's tile t, once
+  // the consumers have freed it.
+  auto copy_tile = [&](const CUtensorMap* map, std::uint64_t* empty, std::uint64_t* full,
+                       unsigned char* tile, int j, unsigned t, int head) {
+    sm90::mbarrier_wait(empty, t / kStages % 2 ^ 1);
+    sm90::mbarrier_arrive_expect_tx(full, C::kKVBytes);
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+      sm90::tma_load_3d(tile + cb * C::kBc * sm90::kSwizzleRowBytes, map, full, 64 * cb,
+                        j * C::kBc, head);
+    }
+  };
+  auto copy_k = [&](int j, unsigned t, int head) {
+    const int b = t % kStages;
+    copy_tile(&maps.k, s.k_empty(b), s.k_full(b), s.Kj(b), j, t, head);
+  };
+  auto copy_v = [&](int j, unsigned t, int head) {
+    const int b = t % kStages;
+    copy_tile(&maps.v, s.v_empty(b), s.v_full(b), s.Vj(b), j, t, head);
+  };
   for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
+    if (n_blocks > 0) copy_k(n_blocks - 1, tiles, head);  // line 7's first Kj, before Qi
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
     // outside the tensor is not asked of TMA), and computes nothing
@@ -693,23 +721,17 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                           64 * cb, q_row0 + w * kBr, head);
       }
     }
-    // Not unrolled: the copies of an unrolled loop would each keep their
-    // own offsets, more than the producer's registers hold.
+    // Line 7 for the rest: Vj, and K_{j-1} ahead of it (steps 4-5) or after
+    // it (step 3). Not unrolled: the copies of an unrolled loop would each
+    // keep their own offsets, more than the producer's registers hold.
 #pragma unroll 1
-    for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {  // line 7
-      const int b = tiles % kStages;
-      const unsigned parity = tiles / kStages % 2 ^ 1;
-      sm90::mbarrier_wait(s.k_empty(b), parity);
-      sm90::mbarrier_arrive_expect_tx(s.k_full(b), C::kKVBytes);
-      for (int cb = 0; cb < C::kColBlocks; ++cb) {
-        sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.k_full(b),
-                          64 * cb, j * C::kBc, head);
-      }
-      sm90::mbarrier_wait(s.v_empty(b), parity);
-      sm90::mbarrier_arrive_expect_tx(s.v_full(b), C::kKVBytes);
-      for (int cb = 0; cb < C::kColBlocks; ++cb) {
-        sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.v_full(b),
-                          64 * cb, j * C::kBc, head);
+    for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
+      if constexpr (C::kPingPong) {
+        if (j > 0) copy_k(j - 1, tiles + 1, head);
+        copy_v(j, tiles, head);
+      } else {
+        copy_v(j, tiles, head);
+        if (j > 0) copy_k(j - 1, tiles + 1, head);
       }
     }
   }
