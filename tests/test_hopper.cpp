@@ -96,6 +96,10 @@ TEST_CASE("stage 08's mirrors, in each type, at negative, zero and large scales:
     if (p.Nq * p.Nk <= 256 * 256) problems.push_back(p);
   }
   for (bool causal : {false, true}) problems.push_back(make_problem(1, 2, 300, 290, 136, causal));
+  // d = 64, causal, Nq > Nk: consumer 0 of the first 192-row block sees no
+  // key (pass_tiles), consumer 0 of the second skips the first of the
+  // block's 3 tiles (skip_tiles).
+  problems.push_back(make_problem(1, 2, 400, 300, 64, true));
   std::uint64_t seed = 800;
   for (const Problem& ragged : problems) {
     for (double scale : scales) {
