@@ -541,6 +541,11 @@ struct WsConfig {
   // issue their products freely, as in step 3, each with its own softmax
   // under its own P~ V.
   static constexpr bool kTurns = kPingPong && !(kOverlap && kHeadDim <= 64);
+  // d = 64 only, as timed (hopper_tiles.h): consumers skip the tiles above
+  // their own rows' diagonal (skip_tiles); the producer copies Kj ahead of
+  // Vj (produce). At d = 128 and 256 either cost 2-3 %, so main's code.
+  static constexpr bool kSkipTiles = consumers_skip_tiles(kStep, kHeadDim);
+  static constexpr bool kKAhead = producer_copies_k_ahead(kStep, kHeadDim);
   static constexpr int kBc = key_tile(kHeadDim);  // keys per K/V tile
   static constexpr int kSRegs = kBc / 2;          // S's fp32 accumulators per thread
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
@@ -708,7 +713,9 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
   for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
-    if (n_blocks > 0) copy_k(n_blocks - 1, tiles, head);  // line 7's first Kj, before Qi
+    if constexpr (C::kKAhead) {
+      if (n_blocks > 0) copy_k(n_blocks - 1, tiles, head);  // line 7's first Kj, before Qi
+    }
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
     // outside the tensor is not asked of TMA), and computes nothing
@@ -721,12 +728,16 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                           64 * cb, q_row0 + w * kBr, head);
       }
     }
-    // Line 7 for the rest: Vj, and K_{j-1} ahead of it (steps 4-5) or after
-    // it (step 3). Not unrolled: the copies of an unrolled loop would each
-    // keep their own offsets, more than the producer's registers hold.
+    // Line 7 (for the rest: kKAhead): Vj, and K_{j-1} ahead of it (steps
+    // 4-5) or after it (step 3); else Kj, Vj. Not unrolled: the copies of an
+    // unrolled loop would each keep their own offsets, more than the
+    // producer's registers hold.
 #pragma unroll 1
     for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
-      if constexpr (C::kPingPong) {
+      if constexpr (!C::kKAhead) {
+        copy_k(j, tiles, head);
+        copy_v(j, tiles, head);
+      } else if constexpr (C::kPingPong) {
         if (j > 0) copy_k(j - 1, tiles + 1, head);
         copy_v(j, tiles, head);
       } else {
@@ -1005,10 +1016,14 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
   for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0 + w * kBr, block_tiles = it.n_blocks;
-    // The tiles this consumer's last row sees, of the block's: fewer under a
-    // causal mask where the block's last row sees further (skip_tiles).
-    const int own_keys = keys_seen_by(static_cast<std::int64_t>(min(q_row0 + kBr, p.Nq)) - 1);
-    const int n_blocks = min(block_tiles, own_keys == 0 ? 0 : (own_keys - 1) / C::kBc + 1);
+    // The tiles this consumer computes on: with kSkipTiles those its last
+    // row sees, fewer under a causal mask where the block's last row sees
+    // further (skip_tiles); else the block's.
+    int n_blocks = block_tiles;
+    if constexpr (C::kSkipTiles) {
+      const int own_keys = keys_seen_by(static_cast<std::int64_t>(min(q_row0 + kBr, p.Nq)) - 1);
+      n_blocks = min(block_tiles, own_keys == 0 ? 0 : (own_keys - 1) / C::kBc + 1);
+    }
     int keys_seen[2];
     for (int h = 0; h < 2; ++h) {
       keys_seen[h] =
@@ -1032,11 +1047,15 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
     } else if (q_row0 >= p.Nq || n_blocks == 0) {
       pass_tiles<C>(s, block_tiles, tiles, my_turn, your_turn, release_q);
     } else if constexpr (C::kPingPong) {
-      skip_tiles<C>(s, block_tiles - n_blocks, tiles, my_turn, your_turn);
+      if constexpr (C::kSkipTiles) {
+        skip_tiles<C>(s, block_tiles - n_blocks, tiles, my_turn, your_turn);
+      }
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
                                my_turn, your_turn, release_q);
     } else {
-      skip_tiles<C>(s, block_tiles - n_blocks, tiles, my_turn, your_turn);
+      if constexpr (C::kSkipTiles) {
+        skip_tiles<C>(s, block_tiles - n_blocks, tiles, my_turn, your_turn);
+      }
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
         const int key0 = j * C::kBc;
         const int b = tiles % kStages;

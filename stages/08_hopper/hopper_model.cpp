@@ -8,8 +8,9 @@
 // 16-bit elements (L stays 4 bytes); valid elements only. For one head,
 // summed over Q blocks i of R_i valid rows that visit n_i K/V tiles holding
 // C_i = min(n_i Bc, Nk) keys, and over their consumer warpgroups w of R_iw
-// valid rows, which compute on n_iw <= n_i of those tiles (C_iw keys): the
-// tiles their own last row sees (skip_tiles hands the rest over unread):
+// valid rows, which compute on n_iw <= n_i of those tiles (C_iw keys): at
+// d = 64 from step 3 the tiles their own last row sees (skip_tiles hands the
+// rest over unread: consumers_skip_tiles), else all n_i:
 // - HBM: Qi read once, even by a block that visits no K/V tile; Kj and Vj
 //   once per visited (i, j); O_i and L_i written once, O_i straight from the
 //   registers in steps 1-2 and at d = 256, else through shared memory
@@ -59,6 +60,7 @@ Cost model(const Problem& p) {
   const std::int64_t Tr = ceil_div(p.Nq, Br);
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const bool o_smem = output_through_smem(kStep, head_dim_bucket(d));
+  const bool skip_tiles = consumers_skip_tiles(kStep, head_dim_bucket(d));
   Cost head;
   for (std::int64_t i = 0; i < Tr; ++i) {
     const std::int64_t R = std::min<std::int64_t>(Br, p.Nq - i * Br);
@@ -71,10 +73,12 @@ Cost model(const Problem& p) {
     head.hbm_write_bytes += qi + R * kLseBytes;
     head.sram_write_bytes += qi + kv + (o_smem ? qi : 0);
     head.sram_read_bytes += o_smem ? qi : 0;
-    // Each consumer with rows of its own, on the tiles its last row sees.
+    // Each consumer with rows of its own, on the tiles its last row sees
+    // (skip_tiles) or on the block's.
     for (std::int64_t r0 = 0; r0 < R; r0 += kBr) {
       const std::int64_t rows = std::min<std::int64_t>(kBr, R - r0);
-      const std::int64_t n_w = ceil_div(p.visible_keys(i * Br + r0 + rows - 1), Bc);
+      const std::int64_t n_w =
+          skip_tiles ? ceil_div(p.visible_keys(i * Br + r0 + rows - 1), Bc) : n;
       const std::int64_t C_w = std::min(n_w * Bc, p.Nk);
       head.sram_read_bytes += (n_w * rows + 2 * C_w) * d * e;
       head.matmul_flops += 4 * rows * C_w * d;
