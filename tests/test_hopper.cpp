@@ -96,6 +96,10 @@ TEST_CASE("stage 08's mirrors, in each type, at negative, zero and large scales:
     if (p.Nq * p.Nk <= 256 * 256) problems.push_back(p);
   }
   for (bool causal : {false, true}) problems.push_back(make_problem(1, 2, 300, 290, 136, causal));
+  // d = 64, causal, Nq > Nk: consumer 0 of the first 192-row block sees no
+  // key (pass_tiles), consumer 0 of the second skips the first of the
+  // block's 3 tiles (skip_tiles).
+  problems.push_back(make_problem(1, 2, 400, 300, 64, true));
   std::uint64_t seed = 800;
   for (const Problem& ragged : problems) {
     for (double scale : scales) {
@@ -226,6 +230,15 @@ TEST_CASE("stage 08, causal: the blocks above the diagonal are skipped, as in st
   const Problem p64 = with_scale(make_problem(1, 1, 512, 512, 64, true), 0.125, DType::kBf16);
   CHECK(step2->model(p64).skipped_tiles == 3 + 3 + 2 + 2 + 1 + 1 + 0 + 0);
   CHECK(step5->model(p64).skipped_tiles == 2 + 1 + 0);
+  // Yet each consumer computes only on the tiles its own 64 rows see
+  // (skip_tiles): of its block's 2, 3 and 4 tiles, consumers 0, 1, 2 of block
+  // 0 compute on 1, 1, 2, of block 1 on 2, 3, 3, of block 2 on 4, 4 (its
+  // third has no rows): 20 tiles of 64 rows by 128 keys, as step 2's eight
+  // 64-row blocks (1, 1, 2, 2, 3, 3, 4, 4), not the blocks' 3 x 2 + 3 x 3 +
+  // 2 x 4 = 23.
+  const std::int64_t rows = 64, keys = 128, d = 64;
+  CHECK(step5->model(p64).matmul_flops == 20 * 4 * rows * keys * d);
+  CHECK(step5->model(p64).matmul_flops == step2->model(p64).matmul_flops);
   // d = 128, 128 keys per K/V tile (2 tiles of Nk = 256): 128-row block i
   // visits blocks 0..i.
   const Problem p128 = with_scale(make_problem(1, 1, 256, 256, 128, true), 0.125, DType::kBf16);

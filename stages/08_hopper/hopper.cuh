@@ -541,6 +541,11 @@ struct WsConfig {
   // issue their products freely, as in step 3, each with its own softmax
   // under its own P~ V.
   static constexpr bool kTurns = kPingPong && !(kOverlap && kHeadDim <= 64);
+  // d = 64 only, as timed (hopper_tiles.h): consumers skip the tiles above
+  // their own rows' diagonal (skip_tiles); the producer copies Kj ahead of
+  // Vj (produce). At d = 128 and 256 either cost 2-3 %, so main's code.
+  static constexpr bool kSkipTiles = consumers_skip_tiles(kStep, kHeadDim);
+  static constexpr bool kKAhead = producer_copies_k_ahead(kStep, kHeadDim);
   static constexpr int kBc = key_tile(kHeadDim);  // keys per K/V tile
   static constexpr int kSRegs = kBc / 2;          // S's fp32 accumulators per thread
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
@@ -668,19 +673,49 @@ __device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const WsCursor& 
 }
 
 /// The producer: thread 0 of warpgroup 0 issues every copy of the block's
-/// items, in the order the consumers use them: Kj, then Vj. A buffer's t-th
-/// fill waits for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e.
-/// t % 2 ^ 1 (on a fresh barrier, waiting for parity 1 returns at once).
-/// Kj's buffer is released first (once S is in), so the next Kj but one is
-/// on its way while this tile's Vj is still read.
+/// items, in the order the consumers use them. A buffer's t-th fill waits
+/// for the consumers' (t-1)-th release: parity (t - 1) % 2, i.e. t % 2 ^ 1
+/// (on a fresh barrier, waiting for parity 1 returns at once). Kj's buffer
+/// is released first (once S is in), so the next Kj but one can be on its
+/// way while this tile's Vj is still read. Two choices of FlashAttention-3's
+/// producer (its mainloop's load) keep the copies of Kj off the wait for Vj:
+/// - the item's first Kj is copied before its Qi: Kj's buffer is free a
+///   tile before Qi's (which waits for the last item's last S), and the
+///   copy is under way by then;
+/// - in steps 4-5, which read V_{j+1} beside K_j (ping_pong_tiles), K_{j-1}
+///   is copied ahead of V_j: V_j's buffer is freed a tile after K_j's, and
+///   copied in the order Kj, Vj the next Kj waited behind it. Step 3 reads
+///   Kj and Vj in one iteration and keeps that order.
 template <typename Elem, typename C>
 __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                                const WsSmem<C>& s) {
   unsigned tiles = 0, items_done = 0;
   const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  // K or V block j of the head into its buffer for the block's tile t, once
+  // the consumers have freed it.
+  auto copy_tile = [&](const CUtensorMap* map, std::uint64_t* empty, std::uint64_t* full,
+                       unsigned char* tile, int j, unsigned t, int head) {
+    sm90::mbarrier_wait(empty, t / kStages % 2 ^ 1);
+    sm90::mbarrier_arrive_expect_tx(full, C::kKVBytes);
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+      sm90::tma_load_3d(tile + cb * C::kBc * sm90::kSwizzleRowBytes, map, full, 64 * cb,
+                        j * C::kBc, head);
+    }
+  };
+  auto copy_k = [&](int j, unsigned t, int head) {
+    const int b = t % kStages;
+    copy_tile(&maps.k, s.k_empty(b), s.k_full(b), s.Kj(b), j, t, head);
+  };
+  auto copy_v = [&](int j, unsigned t, int head) {
+    const int b = t % kStages;
+    copy_tile(&maps.v, s.v_empty(b), s.v_full(b), s.Vj(b), j, t, head);
+  };
   for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
+    if constexpr (C::kKAhead) {
+      if (n_blocks > 0) copy_k(n_blocks - 1, tiles, head);  // line 7's first Kj, before Qi
+    }
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
     // outside the tensor is not asked of TMA), and computes nothing
@@ -693,23 +728,21 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                           64 * cb, q_row0 + w * kBr, head);
       }
     }
-    // Not unrolled: the copies of an unrolled loop would each keep their
-    // own offsets, more than the producer's registers hold.
+    // Line 7 (for the rest: kKAhead): Vj, and K_{j-1} ahead of it (steps
+    // 4-5) or after it (step 3); else Kj, Vj. Not unrolled: the copies of an
+    // unrolled loop would each keep their own offsets, more than the
+    // producer's registers hold.
 #pragma unroll 1
-    for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {  // line 7
-      const int b = tiles % kStages;
-      const unsigned parity = tiles / kStages % 2 ^ 1;
-      sm90::mbarrier_wait(s.k_empty(b), parity);
-      sm90::mbarrier_arrive_expect_tx(s.k_full(b), C::kKVBytes);
-      for (int cb = 0; cb < C::kColBlocks; ++cb) {
-        sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.k_full(b),
-                          64 * cb, j * C::kBc, head);
-      }
-      sm90::mbarrier_wait(s.v_empty(b), parity);
-      sm90::mbarrier_arrive_expect_tx(s.v_full(b), C::kKVBytes);
-      for (int cb = 0; cb < C::kColBlocks; ++cb) {
-        sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.v_full(b),
-                          64 * cb, j * C::kBc, head);
+    for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
+      if constexpr (!C::kKAhead) {
+        copy_k(j, tiles, head);
+        copy_v(j, tiles, head);
+      } else if constexpr (C::kPingPong) {
+        if (j > 0) copy_k(j - 1, tiles + 1, head);
+        copy_v(j, tiles, head);
+      } else {
+        copy_v(j, tiles, head);
+        if (j > 0) copy_k(j - 1, tiles + 1, head);
       }
     }
   }
@@ -825,7 +858,8 @@ inline constexpr int kTurnThreads = 2 * kThreads;
 /// The tile loop of a consumer whose 64 rows all lie past Nq (the last Q
 /// block of a head, when Nq is not a multiple of the block's rows: at
 /// d = 64, 192-row blocks, N = 2048 leaves the heaviest Q block of every
-/// head 128 rows, one consumer with none, N = 4096 64 rows, two): it computes
+/// head 128 rows, one consumer with none, N = 4096 64 rows, two), or, under
+/// a causal mask with Nq > Nk, see no key of the item: it computes
 /// nothing, where it used to run every product on rows never written out,
 /// taking the tensor cores from the other consumers. It keeps the
 /// hand-overs in ping_pong_tiles' order: Qi released at once; then, n_blocks
@@ -835,8 +869,9 @@ inline constexpr int kTurnThreads = 2 * kThreads;
 /// passing a turn would deadlock the ring: the producer's next Vj waits for
 /// a buffer the other consumers free only in the turns this one holds up.
 /// Its O~ stays zero; write_output_tma writes it to the consumer's buffer
-/// and stores nothing (skipping that too put the consumer's item count on
-/// the stack at d = 64: ptxas spilled it).
+/// and stores nothing for rows past Nq (skipping the buffer too put the
+/// consumer's item count on the stack at d = 64: ptxas spilled it); rows
+/// that see no key get O = 0 and L = -inf.
 template <typename C, typename Turn, typename Pass, typename Release>
 __device__ inline void pass_tiles(const WsSmem<C>& s, int n_blocks, unsigned& tiles, Turn my_turn,
                                   Pass your_turn, Release release_q) {
@@ -854,6 +889,37 @@ __device__ inline void pass_tiles(const WsSmem<C>& s, int n_blocks, unsigned& ti
     if (k > 0) sm90::mbarrier_arrive(s.v_empty((t - 1) % kStages));
   }
   tiles = first + n_blocks;
+}
+
+/// The first K/V tiles of an item that lie wholly above the causal diagonal
+/// for this consumer's 64 rows, though not for the block's last row (the
+/// producer copies the tiles the block's last row sees): the consumer hands
+/// them over unread instead of computing scores it would mask to -inf. At
+/// d = 64 (192-row blocks on 128-key tiles, Nq = Nk) consumers 0 and 1 of
+/// every other block and consumer 0 of the rest skip one tile an item, 5 %
+/// of the products at N = 2048; FlashAttention-3 runs them (its consumers
+/// share the block's n_block range). They come first, since the tiles are
+/// visited from the last one down, so the consumer's own tile loop then
+/// runs as if the item had its own, shorter range. Each tile: wait for Kj
+/// and Vj to land (an arrival before that would count towards the buffer's
+/// previous use), take and pass one turn (steps 4-5: one a tile, as
+/// ping_pong_tiles takes them, so that every consumer takes as many turns
+/// an item and the ring stays in step), release both.
+template <typename C, typename Turn, typename Pass>
+__device__ inline void skip_tiles(const WsSmem<C>& s, int skipped, unsigned& tiles, Turn my_turn,
+                                  Pass your_turn) {
+  // Rolled: at most a tile or two an item, and its time is the barriers'.
+#pragma unroll 1
+  for (int k = 0; k < skipped; ++k, ++tiles) {
+    const int b = tiles % kStages;
+    const unsigned parity = tiles / kStages % 2;
+    sm90::mbarrier_wait(s.k_full(b), parity);
+    sm90::mbarrier_wait(s.v_full(b), parity);
+    my_turn();
+    your_turn();
+    sm90::mbarrier_arrive(s.k_empty(b));
+    sm90::mbarrier_arrive(s.v_empty(b));
+  }
 }
 
 /// The first of the output barriers, one per consumer after the turn
@@ -949,7 +1015,15 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
   const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
   for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item);
-    const int q_row0 = it.row0 + w * kBr, n_blocks = it.n_blocks;
+    const int q_row0 = it.row0 + w * kBr, block_tiles = it.n_blocks;
+    // The tiles this consumer computes on: with kSkipTiles those its last
+    // row sees, fewer under a causal mask where the block's last row sees
+    // further (skip_tiles); else the block's.
+    int n_blocks = block_tiles;
+    if constexpr (C::kSkipTiles) {
+      const int own_keys = keys_seen_by(static_cast<std::int64_t>(min(q_row0 + kBr, p.Nq)) - 1);
+      n_blocks = min(block_tiles, own_keys == 0 ? 0 : (own_keys - 1) / C::kBc + 1);
+    }
     int keys_seen[2];
     for (int h = 0; h < 2; ++h) {
       keys_seen[h] =
@@ -968,14 +1042,20 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
     // tile): the producer copies the next item's Qi under this item's last
     // softmax, last P~ V and the writing of O.
     auto release_q = [&] { sm90::mbarrier_arrive(s.q_empty()); };
-    if (n_blocks == 0) {
+    if (block_tiles == 0) {
       release_q();
-    } else if (q_row0 >= p.Nq) {
-      pass_tiles<C>(s, n_blocks, tiles, my_turn, your_turn, release_q);
+    } else if (q_row0 >= p.Nq || n_blocks == 0) {
+      pass_tiles<C>(s, block_tiles, tiles, my_turn, your_turn, release_q);
     } else if constexpr (C::kPingPong) {
+      if constexpr (C::kSkipTiles) {
+        skip_tiles<C>(s, block_tiles - n_blocks, tiles, my_turn, your_turn);
+      }
       ping_pong_tiles<Elem, C>(p, s, q_addr, n_blocks, unmasked_keys, keys_seen, tiles, O, m, l,
                                my_turn, your_turn, release_q);
     } else {
+      if constexpr (C::kSkipTiles) {
+        skip_tiles<C>(s, block_tiles - n_blocks, tiles, my_turn, your_turn);
+      }
       for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
         const int key0 = j * C::kBc;
         const int b = tiles % kStages;

@@ -5,7 +5,9 @@
 //   consumer warpgroup, one in steps 1-2 and two from step 3 (three at
 //   d <= 64: consumer_warpgroups); K/V blocks of
 //   Bc = key_tile(d bucket) keys (128 at d <= 128, 64 at d = 256) from the
-//   last visited one down, the causal blocks above the diagonal skipped;
+//   last visited one down, the causal blocks above the diagonal skipped,
+//   and at d = 64 from step 3 by each consumer those above its own rows'
+//   diagonal (consumers_skip_tiles);
 // - each consumer warpgroup's wgmma chains read its rows of Qi (S's A
 //   operand) once per tile and Kj, Vj (the B operands) once for its 64 rows;
 // - bf16 or fp16 Q, K, V, O; fp32 S, O~, m, l, L; the online softmax in log2
@@ -47,8 +49,8 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 
 /// Lines 4-13 for Q block i of head bh (attend_q_block).
 void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std::int64_t i,
-                    std::int64_t consumers, bool o_smem, float scale_log2, bool negate_q,
-                    Chip& chip) {
+                    std::int64_t consumers, bool o_smem, bool skip_tiles, float scale_log2,
+                    bool negate_q, Chip& chip) {
   const std::int64_t d = p.d;
   const float* Qh = t.Q + bh * p.Nq * d;  // [Nq, d]
   const float* Kh = t.K + bh * p.Nk * d;  // [Nk, d]
@@ -71,10 +73,13 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
     chip.load(Kh + key0 * d, C, d, Kj);  // line 7
     chip.load(Vh + key0 * d, C, d, Vj);
     // Each consumer warpgroup w in turn, on its rows r0 .. r0 + rows - 1; one
-    // whose rows all lie past Nq computes nothing (pass_tiles).
+    // whose rows all lie past Nq computes nothing (pass_tiles), nor, at
+    // d = 64 from step 3, one for which tile j lies wholly above the causal
+    // diagonal (skip_tiles: consumers_skip_tiles).
     for (std::int64_t w = 0; w * kBr < R && w < consumers; ++w) {
       const std::int64_t r0 = w * kBr;
       const std::int64_t rows = std::min<std::int64_t>(kBr, R - r0);
+      if (skip_tiles && j >= ceil_div(p.visible_keys(row0 + r0 + rows - 1), Bc)) continue;
       // Line 8: one wgmma chain reads the warpgroup's rows of Qi (negated by
       // imm-scale-a when the scale is negative) and all of Kj.
       std::vector<float> Q_frag = chip.fragments(Qi, r0, rows);  // [rows, d]
@@ -144,13 +149,15 @@ Cost mirror(const Problem& p, const HostTensors& t) {
   Chip chip;
   const std::int64_t consumers = consumer_warpgroups(kStep, head_dim_bucket(p.d));
   const bool o_smem = output_through_smem(kStep, head_dim_bucket(p.d));
+  const bool skip_tiles = consumers_skip_tiles(kStep, head_dim_bucket(p.d));
   const std::int64_t Tr = ceil_div(p.Nq, consumers * kBr);
   const std::int64_t grid_y = std::min(p.heads(), kMaxGridY);
   chip.cost.thread_blocks = Tr * grid_y;
   for (std::int64_t x = 0; x < Tr; ++x) {
     for (std::int64_t y = 0; y < grid_y; ++y) {
       for (std::int64_t bh = y; bh < p.heads(); bh += grid_y) {
-        attend_q_block(p, t, bh, Tr - 1 - x, consumers, o_smem, scale_log2, negate_q, chip);
+        attend_q_block(p, t, bh, Tr - 1 - x, consumers, o_smem, skip_tiles, scale_log2, negate_q,
+                       chip);
       }
     }
   }

@@ -7,7 +7,10 @@
 // Bc = key_tile(d bucket): 128 keys at d <= 128, 64 at d = 256), in
 // 16-bit elements (L stays 4 bytes); valid elements only. For one head,
 // summed over Q blocks i of R_i valid rows that visit n_i K/V tiles holding
-// C_i = min(n_i Bc, Nk) keys:
+// C_i = min(n_i Bc, Nk) keys, and over their consumer warpgroups w of R_iw
+// valid rows, which compute on n_iw <= n_i of those tiles (C_iw keys): at
+// d = 64 from step 3 the tiles their own last row sees (skip_tiles hands the
+// rest over unread: consumers_skip_tiles), else all n_i:
 // - HBM: Qi read once, even by a block that visits no K/V tile; Kj and Vj
 //   once per visited (i, j); O_i and L_i written once, O_i straight from the
 //   registers in steps 1-2 and at d = 256, else through shared memory
@@ -16,15 +19,16 @@
 //   the same bytes), and O_i where it goes through shared memory (read once
 //   from there by the TMA store: one more SRAM read of it).
 // - SRAM reads, as wgmma makes them: each consumer warpgroup's chain reads
-//   its rows of Qi (the A operand of S = Qi Kj^T) once per visited tile, and
-//   Kj and Vj (the B operands) once, for all four of its warps together
-//   (a warpgroup whose rows all lie past Nq computes nothing: pass_tiles).
+//   its rows of Qi (the A operand of S = Qi Kj^T) once per tile it computes
+//   on, and Kj and Vj (the B operands) once, for all four of its warps
+//   together (a warpgroup whose rows all lie past Nq computes nothing:
+//   pass_tiles).
 //   Stage 07 read Kj and Vj once per warp: a warpgroup's B operand serves 64
 //   rows, not 16. P~ is the A operand in registers and costs nothing.
 // - A negative scale is wgmma's imm-scale-a = -1: no extra traffic.
-// - FLOPs as stage 07 counts them: 4 R_i C_i d matmul; per score 5, per row
-//   and visited tile 4 + d (O~'s rescale counted even where skipped), per
-//   row at the end 4 + d.
+// - FLOPs as stage 07 counts them, per consumer: 4 R_iw C_iw d matmul; per
+//   score 5, per row and computed tile 4 + d (O~'s rescale counted even
+//   where skipped), per row at the end 4 + d.
 #include <algorithm>
 #include <utility>
 
@@ -56,6 +60,7 @@ Cost model(const Problem& p) {
   const std::int64_t Tr = ceil_div(p.Nq, Br);
   const std::int64_t Tc = ceil_div(p.Nk, Bc);
   const bool o_smem = output_through_smem(kStep, head_dim_bucket(d));
+  const bool skip_tiles = consumers_skip_tiles(kStep, head_dim_bucket(d));
   Cost head;
   for (std::int64_t i = 0; i < Tr; ++i) {
     const std::int64_t R = std::min<std::int64_t>(Br, p.Nq - i * Br);
@@ -67,11 +72,19 @@ Cost model(const Problem& p) {
     head.hbm_read_bytes += qi + kv;
     head.hbm_write_bytes += qi + R * kLseBytes;
     head.sram_write_bytes += qi + kv + (o_smem ? qi : 0);
-    const std::int64_t busy = ceil_div(R, kBr);  // consumers with rows of their own
-    head.sram_read_bytes += n * qi + busy * kv + (o_smem ? qi : 0);
-    head.matmul_flops += 4 * R * C * d;
-    head.nonmatmul_flops += kFlopsPerScore * R * C + n * R * (kFlopsPerRowTile + d) +
-                            R * (d + kFlopsPerRowEnd);
+    head.sram_read_bytes += o_smem ? qi : 0;
+    // Each consumer with rows of its own, on the tiles its last row sees
+    // (skip_tiles) or on the block's.
+    for (std::int64_t r0 = 0; r0 < R; r0 += kBr) {
+      const std::int64_t rows = std::min<std::int64_t>(kBr, R - r0);
+      const std::int64_t n_w =
+          skip_tiles ? ceil_div(p.visible_keys(i * Br + r0 + rows - 1), Bc) : n;
+      const std::int64_t C_w = std::min(n_w * Bc, p.Nk);
+      head.sram_read_bytes += (n_w * rows + 2 * C_w) * d * e;
+      head.matmul_flops += 4 * rows * C_w * d;
+      head.nonmatmul_flops += kFlopsPerScore * rows * C_w + n_w * rows * (kFlopsPerRowTile + d) +
+                              rows * (d + kFlopsPerRowEnd);
+    }
   }
   Cost c = head.times(p.heads());
   c.thread_blocks = Tr * std::min(p.heads(), kMaxGridY);

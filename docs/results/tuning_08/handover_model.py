@@ -1,7 +1,9 @@
 # CPU model of stage 08 steps 3-5's hand-overs (producer thread, consumers as
 # one process each, mbarriers with phases, turn barriers as arrival counters)
-# under random interleavings; items with random n_blocks and idle consumers
-# (pass_tiles). Asserts no double arrival on a turn barrier, no deadlock, no
+# under random interleavings; items with random n_blocks, idle consumers
+# (pass_tiles) and consumers that hand their first tiles over unread
+# (skip_tiles); the producer copies an item's first Kj before its Qi and, in
+# steps 4-5, K_{j-1} before V_j. Asserts no double arrival on a turn barrier, no deadlock, no
 # arrival left over. Run: python3 handover_model.py  -> prints 0 and [].
 import random
 KS=2
@@ -14,17 +16,23 @@ class Bar:
         return (s.phase%2)!=parity
 class Turn:
     def __init__(s): s.pending=0
-def producer(B,items):
+def producer(B,items,pingpong):
+    def copy(kind,t):
+        b=t%KS; par=(t//KS)%2^1
+        while not B[kind+'_empty'][b].done(par): yield
+        B[kind+'_full'][b].arrive()
     tiles=0
-    for k,(n,idle) in enumerate(items):
+    for k,(n,idle,skip) in enumerate(items):
+        if n>0: yield from copy('k',tiles)
         while not B['q_empty'].done(k%2^1): yield
         B['q_full'].arrive()
-        for j in range(n):
-            b=tiles%KS; par=(tiles//KS)%2^1
-            while not B['k_empty'][b].done(par): yield
-            B['k_full'][b].arrive()
-            while not B['v_empty'][b].done(par): yield
-            B['v_full'][b].arrive()
+        for j in range(n-1,-1,-1):
+            if pingpong:
+                if j>0: yield from copy('k',tiles+1)
+                yield from copy('v',tiles)
+            else:
+                yield from copy('v',tiles)
+                if j>0: yield from copy('k',tiles+1)
             tiles+=1
 def consumer(B,T,items,w,nc,turns,pingpong):
     def my_turn():
@@ -44,11 +52,13 @@ def consumer(B,T,items,w,nc,turns,pingpong):
         while not B['v_full'][t%KS].done((t//KS)%2): yield
     tiles=0
     if w==nc-1: yield from your_turn()  # once per block (e561464)
-    for k,(n,idle) in enumerate(items):
+    for k,(n_block,idle,skip) in enumerate(items):
         while not B['q_full'].done(k%2): yield
         rel=lambda: B['q_empty'].arrive()
-        if n==0: rel()
-        elif w in idle:
+        n=n_block-skip.get(w,0)  # the tiles this consumer's rows see
+        if n_block==0: rel()
+        elif w in idle or n==0:
+            n=n_block
             rel(); first=tiles
             for kk in range(n+1):
                 t=first+kk
@@ -59,6 +69,12 @@ def consumer(B,T,items,w,nc,turns,pingpong):
                 if kk>0: B['v_empty'][(t-1)%KS].arrive()
             tiles=first+n
         elif pingpong:
+            for _ in range(n_block-n):  # skip_tiles
+                t=tiles
+                yield from wait_k(t); yield from wait_v(t)
+                yield from my_turn(); yield from your_turn()
+                B['k_empty'][t%KS].arrive(); B['v_empty'][t%KS].arrive()
+                tiles+=1
             t=tiles
             yield from wait_k(t); yield from my_turn(); yield from your_turn(); B['k_empty'][t%KS].arrive()
             if n==1: rel()
@@ -76,6 +92,11 @@ def consumer(B,T,items,w,nc,turns,pingpong):
             yield from my_turn(); yield from your_turn()
             B['v_empty'][(tiles-1)%KS].arrive()
         else:
+            for _ in range(n_block-n):  # skip_tiles, no turns in step 3
+                t=tiles
+                yield from wait_k(t); yield from wait_v(t)
+                B['k_empty'][t%KS].arrive(); B['v_empty'][t%KS].arrive()
+                tiles+=1
             for j in range(n-1,-1,-1):
                 t=tiles
                 yield from wait_k(t); B['k_empty'][t%KS].arrive()
@@ -93,11 +114,13 @@ def run(seed):
         n=rnd.choice([0,1,1,2,3,4,5])
         nidle=rnd.choice([0,0,1,nc-1])
         idle=set(range(nc-nidle,nc))
-        items.append((n,idle))
+        skip={w:rnd.choice([0,0,1,2,n]) for w in range(nc)}
+        skip={w:min(x,n) for w,x in skip.items()}
+        items.append((n,idle,skip))
     B={'q_full':Bar(1),'q_empty':Bar(nc),'k_full':[Bar(1) for _ in range(KS)],'k_empty':[Bar(nc) for _ in range(KS)],
        'v_full':[Bar(1) for _ in range(KS)],'v_empty':[Bar(nc) for _ in range(KS)]}
     T=[Turn() for _ in range(nc)]
-    procs=[producer(B,items)]+[consumer(B,T,items,w,nc,turns,pingpong) for w in range(nc)]
+    procs=[producer(B,items,pingpong)]+[consumer(B,T,items,w,nc,turns,pingpong) for w in range(nc)]
     alive=list(range(len(procs))); stuck=0
     while alive:
         i=rnd.choice(alive)
