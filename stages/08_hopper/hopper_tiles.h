@@ -72,7 +72,7 @@ constexpr int consumer_warpgroups(Step step, int head_dim_bucket) {
 /// and computes on the rest only. At d = 64 only: there it drops one tile an
 /// item for consumer 0 of every block and consumer 1 of every other, and
 /// stage 08 ran in ×0.980 main's median time at N = 2048, B = 8, H = 32, causal (×0.993
-/// at 4096, ×0.999 at 8192; H200, bf16, tuning_08 run <next>). At d = 128
+/// at 4096, ×0.999 at 8192; H200, bf16, tuning_08 `skip_kahead_ab.txt`). At d = 128
 /// it skips nothing with Nq = Nk, yet its extra code cost 3 % even without
 /// a mask (×1.029-1.032), so d = 128 and 256 keep the loop that computes on
 /// the block's whole range.
@@ -85,7 +85,7 @@ constexpr bool consumers_skip_tiles(Step step, int head_dim_bucket) {
 /// skip_tiles, stage 08 ran in ×0.978-0.997 main's time under a causal mask and
 /// ×0.980 without one (N = 4096, B = 4), against ×1.004 for skip_tiles
 /// alone; at d = 128 the pair cost 2 % (×1.023-1.024; H200, bf16,
-/// tuning_08 run <next>), so d = 128 and 256 copy Kj, Vj, Kj-1 in order.
+/// tuning_08 `skip_kahead_ab.txt`), so d = 128 and 256 copy Kj, Vj, Kj-1 in order.
 constexpr bool producer_copies_k_ahead(Step step, int head_dim_bucket) {
   return step >= Step::kWarpSpecialized && head_dim_bucket <= 64;
 }
