@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""ab_pair.sh's table: the CSVs of its rounds (new_1.csv, old_1.csv, new_2.csv,
-...: sweep.py, backward16.py or decode.py rows) in one folder, out one line per
-entry and problem: the best median of each side over the rounds, new ÷ old,
-and the checks either side reported. Backward rows are the backward pass
-alone. Exits 1 when a side has no rows or a point failed its check.
+"""ab_pair.sh's and ab_trees.sh's table: the CSVs of their rounds (new_1.csv,
+old_1.csv, new_2.csv, ...: sweep.py, backward16.py or decode.py rows) in one
+folder, out one line per entry and problem: the best median of each side over
+the rounds, each side ÷ the reference side, and the checks any side reported.
+Backward rows are the backward pass alone. Exits 1 when a side has no rows or
+a point failed its check.
 
-    python3 tests/bench/ab_pair_table.py LOG_FOLDER"""
+    python3 tests/bench/ab_pair_table.py LOG_FOLDER                  (new ÷ old)
+    python3 tests/bench/ab_pair_table.py LOG_FOLDER REFERENCE SIDE... (ab_trees.sh)"""
 import csv
 import glob
 import os
@@ -29,9 +31,10 @@ def key_of(r):
     return tuple(r[k] for k in KEY if k in r)
 
 
-def main(folder):
-    sides = {s: side_rows(folder, s) for s in ("new", "old")}
-    empty = [s for s, rows in sides.items() if not rows]
+def main(folder, reference="old", others=("new",)):
+    names = [*others, reference]
+    sides = {s: side_rows(folder, s) for s in names}
+    empty = [s for s in names if not sides[s]]
     if empty:
         print(f"ab_pair: no timed rows for {' and '.join(empty)} in {folder}")
         return 1
@@ -42,20 +45,24 @@ def main(folder):
             ms = float(r["median ms"])
             best.setdefault(k, {})[side] = min(ms, best.get(k, {}).get(side, ms))
             checks.setdefault(k, set()).add(r.get("check", ""))
-    names = [k for k in KEY if k in sides["new"][0]]
-    print(" ".join(names) + " | new ms | old ms | new ÷ old | checks")
+    columns = [k for k in KEY if k in sides[names[0]][0]]
+    print(" ".join(columns) + " | " + " | ".join(f"{s} ms" for s in names) + " | "
+          + " | ".join(f"{s} ÷ {reference}" for s in others) + " | checks")
     failed = False
     for k in sorted(best, key=lambda k: tuple((0, int(x)) if x.isdigit() else (1, x) for x in k)):
-        new, old = best[k].get("new"), best[k].get("old")
-        ratio = f"×{new / old:.3f}" if new and old else "–"
+        ms = [best[k].get(s) for s in names]
+        base = best[k].get(reference)
+        ratios = [f"×{m / base:.3f}" if m and base else "–" for m in ms[:-1]]
         bad = sorted(c for c in checks[k] if c not in PASSED)
         failed |= bool(bad)
-        print(f"{' '.join(k)} | {new if new else '–'} | {old if old else '–'} | {ratio} | "
-              + (", ".join(bad) if bad else "ok"))
+        print(f"{' '.join(k)} | " + " | ".join(str(m) if m else "–" for m in ms) + " | "
+              + " | ".join(ratios) + " | " + (", ".join(bad) if bad else "ok"))
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 2:
+        sys.exit(main(sys.argv[1]))
+    if len(sys.argv) < 4:
         sys.exit(__doc__)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3:]))

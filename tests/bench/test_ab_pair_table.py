@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""ab_pair_table.py without a GPU: synthetic rounds of both sides in, the
-table out; and ab_pair.sh's refusals of bad arguments, which come before it
-builds anything. Prints a line per check and exits 1 if any failed."""
+"""ab_pair_table.py without a GPU: synthetic rounds of both sides (or of a base
+and its variants) in, the table out; and ab_pair.sh's and ab_trees.sh's
+refusals of bad arguments, which come before they build anything. Prints a
+line per check and exits 1 if any failed."""
 import csv
 import os
 import subprocess
@@ -18,23 +19,23 @@ def row(ms, n=4096, check="ok", passname="bwd", stage="07_tensor_core"):
             "d": "128", "causal": "0"}
 
 
-def table(rounds):
-    """ab_pair_table.py's exit status and lines on {file name: rows}."""
+def table(rounds, sides=()):
+    """ab_pair_table.py's exit status and lines on {file name: rows}; sides: the
+    reference and the other sides, as ab_trees.sh passes them (none: new ÷ old)."""
     with tempfile.TemporaryDirectory() as folder:
         for name, rows in rounds.items():
             with open(os.path.join(folder, name), "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=FIELDS)
                 w.writeheader()
                 w.writerows(rows)
-        p = subprocess.run([sys.executable, os.path.join(HERE, "ab_pair_table.py"), folder],
-                           capture_output=True, text=True)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "ab_pair_table.py"), folder,
+                            *sides], capture_output=True, text=True)
     return p.returncode, p.stdout.splitlines()
 
 
-def pair(*args):
-    """ab_pair.sh's exit status and stderr lines."""
-    p = subprocess.run(["bash", os.path.join(HERE, "ab_pair.sh"), *args],
-                       capture_output=True, text=True)
+def script(name, *args):
+    """An A/B script's exit status and stderr lines."""
+    p = subprocess.run(["bash", os.path.join(HERE, name), *args], capture_output=True, text=True)
     return p.returncode, p.stderr.splitlines()
 
 
@@ -46,6 +47,8 @@ def main():
                        "old_2.csv": [row(2.6), row(10.4, n=16384)]})
     bad_rc, bad = table({"new_1.csv": [row(2.0, check="FAIL")], "old_1.csv": [row(2.5)]})
     empty_rc, empty = table({"new_1.csv": [row(2.0)]})
+    trees_rc, trees = table({"base_1.csv": [row(2.5)], "b1_1.csv": [row(2.0)],
+                             "b2_1.csv": [row(3.0)], "b2_2.csv": [row(2.75)]}, ("base", "b1", "b2"))
     checks = [
         ("the best median of each side over the rounds, and new ÷ old",
          "07_tensor_core bf16 4 16 4096 4096 128 0 | 2.0 | 2.5 | ×0.800 | ok" in lines
@@ -58,14 +61,35 @@ def main():
         ("a failed check is shown and exits 1", bad_rc == 1 and any("FAIL" in x for x in bad)),
         ("a side without rows exits 1 with one line",
          empty_rc == 1 and empty == [empty[0]] and "no timed rows for old" in empty[0]),
+        ("several variants against a base: each one's best and ÷ base",
+         trees_rc == 0 and trees[0].endswith("| b1 ms | b2 ms | base ms | b1 ÷ base | b2 ÷ base | checks")
+         and "07_tensor_core bf16 4 16 4096 4096 128 0 | 2.0 | 2.75 | 2.5 | ×0.800 | ×1.100 | ok"
+         in trees),
     ]
     with tempfile.NamedTemporaryFile(suffix=".patch") as patch:
-        refusals = [("no patch file", pair("/nonexistent.patch", "08_hopper", "forward")),
-                    ("no such stage", pair(patch.name, "99_nothing", "forward")),
-                    ("an unknown kind", pair(patch.name, "08_hopper", "sideways"))]
-    for what, (code, err) in refusals:
-        checks.append((f"ab_pair.sh: {what} is refused with one line and exit 2",
-                       code == 2 and len(err) == 1 and err[0].startswith("ab_pair: ")))
+        refusals = [("ab_pair.sh", "no patch file",
+                     script("ab_pair.sh", "/nonexistent.patch", "08_hopper", "forward")),
+                    ("ab_pair.sh", "no such stage",
+                     script("ab_pair.sh", patch.name, "99_nothing", "forward")),
+                    ("ab_pair.sh", "an unknown kind",
+                     script("ab_pair.sh", patch.name, "08_hopper", "sideways")),
+                    ("ab_trees.sh", "no such stage",
+                     script("ab_trees.sh", "99_nothing", "forward", f"b1={patch.name}")),
+                    ("ab_trees.sh", "an unknown kind",
+                     script("ab_trees.sh", "08_hopper", "sideways", f"b1={patch.name}")),
+                    ("ab_trees.sh", "no variant", script("ab_trees.sh", "08_hopper", "forward")),
+                    ("ab_trees.sh", "a variant without a patch",
+                     script("ab_trees.sh", "08_hopper", "forward", "b1")),
+                    ("ab_trees.sh", "a variant named base",
+                     script("ab_trees.sh", "08_hopper", "forward", f"base={patch.name}")),
+                    ("ab_trees.sh", "a name with a slash",
+                     script("ab_trees.sh", "08_hopper", "forward", f"a/b={patch.name}")),
+                    ("ab_trees.sh", "no patch file",
+                     script("ab_trees.sh", "08_hopper", "forward", "b1=/nonexistent.patch"))]
+    for name, what, (code, err) in refusals:
+        prefix = name.split(".")[0] + ": "
+        checks.append((f"{name}: {what} is refused with one line and exit 2",
+                       code == 2 and len(err) == 1 and err[0].startswith(prefix)))
     for name, ok in checks:
         print(("ok   " if ok else "FAIL ") + name)
     return 0 if all(ok for _, ok in checks) else 1

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# An A/B of several variants on a GPU machine, in one call: this tree ("base")
+# and one tree per patch (this tree with NAME's patch applied), each built for
+# one stage only and timed in turn, ROUNDS times (default 2), on the same
+# problems; then one table of the best median of each tree and each variant
+# ÷ base. ab_pair.sh is the two-tree form (a patch reversed); this one times a
+# helper's commits side by side, each its own patch against the same base.
+#
+# The lent machine gets the working tree without .git, so the patches are made
+# beforehand where git is, one per variant, each against this tree:
+#   git diff HEAD COMMIT_1 -- stages/ > b1.patch; git diff HEAD COMMIT_2 -- stages/ > b2.patch
+#   bash tests/bench/ab_trees.sh STAGE_FOLDER forward|backward|decode b1=b1.patch b2=b2.patch [-- flags...]
+# e.g. bash tests/bench/ab_trees.sh 09_split_kv decode b1=b1.patch b2=b2.patch -- --Nk 1024 --H-kv 1
+#
+# forward times the stage's entries named by STAGES (a sweep.py --stage
+# selector, default the folder's headline entry); backward and decode time
+# every entry of the stage without SDPA. Every point is checked against the
+# fp64 reference as the scripts always do (the table's last column). Builds
+# run one after the other on all cores (a stage 07 tree took about 30 s on the
+# H200 machine's 16); plan the points so that trees x rounds fit the call, and
+# keep a name's characters to letters, digits, _ and -. The CSVs
+# and the build logs go, as one archive, to $OUT/ab_trees.tar.gz (or
+# ./ab-trees-logs), refreshed after each round.
+set -uo pipefail
+usage="usage: bash tests/bench/ab_trees.sh STAGE_FOLDER forward|backward|decode NAME=PATCH... [-- flags...]"
+folder=${1:?$usage}
+kind=${2:?$usage}
+shift 2
+cd "$(dirname "$0")/../.." || exit 1
+root=$PWD
+[ -d "stages/$folder" ] || { echo "ab_trees: no stage folder stages/$folder" >&2; exit 2; }
+case "$kind" in
+  forward) script=tests/bench/sweep.py; extra=(--stage "${STAGES:-${folder%%_*}}") ;;
+  backward) script=tests/bench/backward16.py; extra=(--no-peers) ;;
+  decode) script=tests/bench/decode.py; extra=(--no-peers) ;;
+  *) echo "ab_trees: the kind is forward, backward or decode, not '$kind'" >&2; exit 2 ;;
+esac
+names=() patches=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+  [[ "$1" == *=?* ]] || { echo "ab_trees: a variant is NAME=PATCH, not '$1'" >&2; exit 2; }
+  name=${1%%=*} patch=${1#*=}
+  [[ "$name" =~ ^[A-Za-z0-9_-]+$ ]] \
+    || { echo "ab_trees: a variant's name is letters, digits, _ or -, not '$name'" >&2; exit 2; }
+  [ "$name" != base ] || { echo "ab_trees: 'base' names this tree; call the variant otherwise" >&2; exit 2; }
+  case "$patch" in /*) ;; *) patch="$root/$patch" ;; esac
+  [ -f "$patch" ] || { echo "ab_trees: no patch file $patch (variant $name)" >&2; exit 2; }
+  names+=("$name") patches+=("$patch")
+  shift
+done
+[ ${#names[@]} -gt 0 ] || { echo "ab_trees: no variant given; $usage" >&2; exit 2; }
+[ $# -gt 0 ] && shift  # the --
+export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
+out=${OUT:-ab-trees-logs}
+mkdir -p "$out"
+logs=$(mktemp -d)
+trees=$(mktemp -d)
+for i in "${!names[@]}"; do
+  tree="$trees/${names[$i]}"
+  mkdir -p "$tree"
+  cp -r stages tests cmake docs notebooks CMakeLists.txt CMakePresets.json "$tree"/ || exit 1
+  (cd "$tree" && patch -s -p1 <"${patches[$i]}") \
+    || { echo "ab_trees: ${patches[$i]} does not apply onto this tree" >&2; exit 2; }
+done
+tree_of() { if [ "$1" = base ]; then echo "$root"; else echo "$trees/$1"; fi; }
+for side in base "${names[@]}"; do  # the stage alone, the CLI only
+  tree=$(tree_of "$side")
+  echo "ab_trees: building $side"
+  (cd "$tree" && cmake -S . -B build-trees -G Ninja -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
+     -DFLASHSTEP_STAGES_ONLY="$folder" -DFLASHSTEP_BUILD_TESTS=OFF >"$logs/configure_$side.log" 2>&1 \
+   && cmake --build build-trees --target flashstep -j "$(nproc)" >"$logs/build_$side.log" 2>&1) \
+    || { echo "ab_trees: the $side build failed:"; grep -E "error|FAILED" "$logs/build_$side.log" | head -10
+         tar czf "$out/ab_trees.tar.gz" -C "$logs" .; exit 1; }
+done
+rounds=${ROUNDS:-2}
+for round in $(seq "$rounds"); do
+  for side in base "${names[@]}"; do
+    tree=$(tree_of "$side")
+    echo "ab_trees: round $round of $rounds, $side"
+    python3 "$script" --flashstep "$tree/build-trees/stages/cli/flashstep" \
+      --out "$logs/${side}_$round.csv" "${extra[@]}" "$@" >"$logs/${side}_$round.log" 2>&1 \
+      || echo "ab_trees: the $side run of round $round failed (its log: ${side}_$round.log)"
+  done
+  tar czf "$out/ab_trees.tar.gz" -C "$logs" .  # each round kept, should a time limit stop the next
+done
+python3 tests/bench/ab_pair_table.py "$logs" base "${names[@]}"
+status=$?
+tar czf "$out/ab_trees.tar.gz" -C "$logs" .
+rm -rf "$trees"
+exit $status
