@@ -36,7 +36,7 @@ def main(folder, reference="old", others=("new",)):
     sides = {s: side_rows(folder, s) for s in names}
     empty = [s for s in names if not sides[s]]
     if empty:
-        print(f"ab_pair: no timed rows for {' and '.join(empty)} in {folder}")
+        print(f"ab_pair_table: no timed rows for {' and '.join(empty)} in {folder}")
         return 1
     best, checks = {}, {}
     for side, rows in sides.items():
