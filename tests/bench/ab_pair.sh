@@ -32,27 +32,19 @@ cd "$(dirname "$0")/../.." || exit 1
 root=$PWD
 case "$patch_file" in /*) ;; *) patch_file="$root/$patch_file" ;; esac
 [ -f "$patch_file" ] || { echo "ab_pair: no patch file $patch_file" >&2; exit 2; }
-[ -d "stages/$folder" ] || { echo "ab_pair: no stage folder stages/$folder" >&2; exit 2; }
-case "$kind" in
-  forward) script=tests/bench/sweep.py; extra=(--stage "${STAGES:-${folder%%_*}}") ;;
-  backward) script=tests/bench/backward16.py; extra=(--no-peers) ;;
-  decode) script=tests/bench/decode.py; extra=(--no-peers) ;;
-  *) echo "ab_pair: the kind is forward, backward or decode, not '$kind'" >&2; exit 2 ;;
-esac
+who=ab_pair
+source tests/bench/ab_common.sh
+ab_script "$folder" "$kind"
 export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
 out=${OUT:-ab-pair-logs}
 mkdir -p "$out"
 logs=$(mktemp -d)
 old=$(mktemp -d)
-cp -r stages tests cmake docs notebooks CMakeLists.txt CMakePresets.json "$old"/ || exit 1
+ab_copy_tree "$old" || exit 1
 (cd "$old" && patch -s -R -p1 <"$patch_file") \
   || { echo "ab_pair: $patch_file does not reverse onto this tree" >&2; exit 2; }
-build_one() {  # build_one TREE NAME: the stage alone, the CLI only
-  (cd "$1" && cmake -S . -B build-pair -G Ninja -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
-     -DFLASHSTEP_STAGES_ONLY="$folder" -DFLASHSTEP_BUILD_TESTS=OFF >"$logs/configure_$2.log" 2>&1 \
-   && cmake --build build-pair --target flashstep -j "$(( $(nproc) / 2 ))" >"$logs/build_$2.log" 2>&1)
-}
-build_one "$root" new & build_one "$old" old & wait
+cores=$(( $(nproc) / 2 ))
+ab_build "$root" build-pair "$folder" new "$cores" & ab_build "$old" build-pair "$folder" old "$cores" & wait
 for side in new old; do
   tree=$root; [ $side = old ] && tree=$old
   [ -x "$tree/build-pair/stages/cli/flashstep" ] \

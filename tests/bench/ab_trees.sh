@@ -12,10 +12,9 @@
 #   bash tests/bench/ab_trees.sh STAGE_FOLDER forward|backward|decode b1=b1.patch b2=b2.patch [-- flags...]
 # e.g. bash tests/bench/ab_trees.sh 09_split_kv decode b1=b1.patch b2=b2.patch -- --Nk 1024 --H-kv 1
 #
-# forward times the stage's entries named by STAGES (a sweep.py --stage
-# selector, default the folder's headline entry); backward and decode time
-# every entry of the stage without SDPA. Every point is checked against the
-# fp64 reference as the scripts always do (the table's last column). Builds
+# The kinds time what ab_pair.sh's do (ab_common.sh, ab_script). Every
+# point is checked against the fp64 reference as the scripts always do (the
+# table's last column). Builds
 # run one after the other on all cores (a stage 07 tree took about 30 s on the
 # H200 machine's 16); plan the points so that trees x rounds fit the call, and
 # keep a name's characters to letters, digits, _ and -. The CSVs
@@ -28,13 +27,9 @@ kind=${2:?$usage}
 shift 2
 cd "$(dirname "$0")/../.." || exit 1
 root=$PWD
-[ -d "stages/$folder" ] || { echo "ab_trees: no stage folder stages/$folder" >&2; exit 2; }
-case "$kind" in
-  forward) script=tests/bench/sweep.py; extra=(--stage "${STAGES:-${folder%%_*}}") ;;
-  backward) script=tests/bench/backward16.py; extra=(--no-peers) ;;
-  decode) script=tests/bench/decode.py; extra=(--no-peers) ;;
-  *) echo "ab_trees: the kind is forward, backward or decode, not '$kind'" >&2; exit 2 ;;
-esac
+who=ab_trees
+source tests/bench/ab_common.sh
+ab_script "$folder" "$kind"
 names=() patches=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   [[ "$1" == *=?* ]] || { echo "ab_trees: a variant is NAME=PATCH, not '$1'" >&2; exit 2; }
@@ -57,7 +52,7 @@ trees=$(mktemp -d)
 for i in "${!names[@]}"; do
   tree="$trees/${names[$i]}"
   mkdir -p "$tree"
-  cp -r stages tests cmake docs notebooks CMakeLists.txt CMakePresets.json "$tree"/ || exit 1
+  ab_copy_tree "$tree" || exit 1
   (cd "$tree" && patch -s -p1 <"${patches[$i]}") \
     || { echo "ab_trees: ${patches[$i]} does not apply onto this tree" >&2; exit 2; }
 done
@@ -65,9 +60,7 @@ tree_of() { if [ "$1" = base ]; then echo "$root"; else echo "$trees/$1"; fi; }
 for side in base "${names[@]}"; do  # the stage alone, the CLI only
   tree=$(tree_of "$side")
   echo "ab_trees: building $side"
-  (cd "$tree" && cmake -S . -B build-trees -G Ninja -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
-     -DFLASHSTEP_STAGES_ONLY="$folder" -DFLASHSTEP_BUILD_TESTS=OFF >"$logs/configure_$side.log" 2>&1 \
-   && cmake --build build-trees --target flashstep -j "$(nproc)" >"$logs/build_$side.log" 2>&1) \
+  ab_build "$tree" build-trees "$folder" "$side" "$(nproc)" \
     || { echo "ab_trees: the $side build failed:"; grep -E "error|FAILED" "$logs/build_$side.log" | head -10
          tar czf "$out/ab_trees.tar.gz" -C "$logs" .; exit 1; }
 done

@@ -1,7 +1,9 @@
 // Run 13 (README.md): host time of the CUDA runtime calls the C ABI
 // (stages/capi/flashstep.cpp) makes for each forward call, each timed over
-// 2000 calls after 50 untimed ones. Built and run on the H200:
+// 2000 calls after 50 untimed ones. On a GPU machine:
 //   nvcc -O2 -std=c++17 -arch=sm_90 run13_host_cost.cu -o /tmp/host_cost && /tmp/host_cost
+// (run13_host_cost.txt's figures came from a scratch form of it with the
+// same calls, sizes and counts; this file, tidied, compiled but not rerun)
 #include <chrono>
 #include <cstdio>
 #include <cuda_runtime.h>

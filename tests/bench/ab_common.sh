@@ -1,0 +1,32 @@
+# shellcheck shell=bash
+# What ab_pair.sh and ab_trees.sh share, sourced by both from the repository
+# root: the check of the stage folder and the kind, the tree copy and the
+# build of one stage's CLI. Each refusal is one line on stderr and exit 2,
+# named after the caller ($who).
+
+# ab_script FOLDER KIND: sets script (the timing script for KIND) and extra
+# (its flags): forward times the entries STAGES names (a sweep.py --stage
+# selector, default the folder's headline entry); backward and decode time
+# every entry of the stage without SDPA.
+ab_script() {
+  [ -d "stages/$1" ] || { echo "$who: no stage folder stages/$1" >&2; exit 2; }
+  case "$2" in
+    forward) script=tests/bench/sweep.py; extra=(--stage "${STAGES:-${1%%_*}}") ;;
+    backward) script=tests/bench/backward16.py; extra=(--no-peers) ;;
+    decode) script=tests/bench/decode.py; extra=(--no-peers) ;;
+    *) echo "$who: the kind is forward, backward or decode, not '$2'" >&2; exit 2 ;;
+  esac
+}
+
+# ab_copy_tree DEST: this tree's sources, what a build reads, into DEST.
+ab_copy_tree() {
+  cp -r stages tests cmake docs notebooks CMakeLists.txt CMakePresets.json "$1"/
+}
+
+# ab_build TREE BUILD_DIR FOLDER NAME JOBS: stage FOLDER alone, the CLI only,
+# in TREE/BUILD_DIR, on JOBS cores; the logs as $logs/{configure,build}_NAME.log.
+ab_build() {
+  (cd "$1" && cmake -S . -B "$2" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
+     -DFLASHSTEP_STAGES_ONLY="$3" -DFLASHSTEP_BUILD_TESTS=OFF >"$logs/configure_$4.log" 2>&1 \
+   && cmake --build "$2" --target flashstep -j "$5" >"$logs/build_$4.log" 2>&1)
+}
