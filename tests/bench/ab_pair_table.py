@@ -11,6 +11,7 @@ a point failed its check.
 import csv
 import glob
 import os
+import re
 import sys
 
 # The columns that name a problem, in the order the table prints them; each
@@ -21,7 +22,10 @@ PASSED = ("ok", "unchecked", "reported", "")
 
 def side_rows(folder, side):
     rows = []
-    for path in sorted(glob.glob(os.path.join(folder, f"{side}_*.csv"))):
+    # SIDE_<round>.csv only: SIDE_*.csv would also take another side whose
+    # name starts with this one's (b1's glob took b1_frag_1.csv).
+    rounds = glob.glob(os.path.join(folder, f"{side}_*.csv"))
+    for path in sorted(p for p in rounds if re.fullmatch(rf"{re.escape(side)}_\d+\.csv", os.path.basename(p))):
         with open(path, newline="") as f:
             rows += [r for r in csv.DictReader(f) if r.get("pass", "bwd") == "bwd"]
     return [r for r in rows if r.get("median ms")]

@@ -49,6 +49,8 @@ def main():
     empty_rc, empty = table({"new_1.csv": [row(2.0)]})
     trees_rc, trees = table({"base_1.csv": [row(2.5)], "b1_1.csv": [row(2.0)],
                              "b2_1.csv": [row(3.0)], "b2_2.csv": [row(2.75)]}, ("base", "b1", "b2"))
+    prefix_rc, prefix = table({"base_1.csv": [row(2.5)], "b1_1.csv": [row(2.0)],
+                               "b1_frag_1.csv": [row(1.5)]}, ("base", "b1", "b1_frag"))
     checks = [
         ("the best median of each side over the rounds, and new ÷ old",
          "07_tensor_core bf16 4 16 4096 4096 128 0 | 2.0 | 2.5 | ×0.800 | ok" in lines
@@ -65,6 +67,10 @@ def main():
          trees_rc == 0 and trees[0].endswith("| b1 ms | b2 ms | base ms | b1 ÷ base | b2 ÷ base | checks")
          and "07_tensor_core bf16 4 16 4096 4096 128 0 | 2.0 | 2.75 | 2.5 | ×0.800 | ×1.100 | ok"
          in trees),
+        ("a name that starts another's takes only its own rounds (b1 is not b1_frag)",
+         prefix_rc == 0
+         and "07_tensor_core bf16 4 16 4096 4096 128 0 | 2.0 | 1.5 | 2.5 | ×0.800 | ×0.600 | ok"
+         in prefix),
     ]
     with tempfile.NamedTemporaryFile(suffix=".patch") as patch:
         refusals = [("ab_pair.sh", "no patch file",
