@@ -1076,10 +1076,11 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
 // sums its run of the splits (merge_run), and its lanes keep their columns
 // of O in registers (4 consecutive ones per 128 columns where d allows, one
 // 16-byte read a split; else c = lane + 32 k): a split's O_s row is one
-// coalesced read, merge_splits splits' reads are in flight together, and the weight
-// exp(L_s - L) is computed once per split. The row's first warp adds the
-// other warps' sums (through shared memory, in warp order) and writes O and
-// L. With one warp a row walking every split, MQA on one sequence (32 rows,
+// coalesced read, merge_splits splits' reads are in flight together, and
+// the weight exp(L_s - L) is computed once per split (by one lane, shuffled
+// to the others). The row's first warp adds the other warps' sums (through
+// shared memory, in warp order) and writes O and L. With one warp a row
+// walking every split, MQA on one sequence (32 rows,
 // 128 splits) had 32 warps on the whole GPU, each waiting on 8 rounds of
 // reads one after another; the L loop, one load per iteration, waited on 4
 // more. partial_weight(-inf, L) = 0 also when L = -inf (no split saw a key).
@@ -1098,6 +1099,7 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
   // scalar loads, each with 64-bit index math and two predicates, ~700 of a
   // warp's ~1400 instructions.
   constexpr int kVecCols = kCols % kVec4 == 0 ? kVec4 : 1;
+  static_assert(kSplits <= kWarpSize, "a lane finds the weight of one split of a batch");
   __shared__ float O_warp[kMergeWarps][kD];  // each warp's sum over its run, for the row's first warp
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
@@ -1167,17 +1169,20 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
         // column 0 (never written back), and the splits past the run in the
         // last batch read its last split again with weight 0 (O_s is finite).
         // Pointers step from split to split instead of a 64-bit product a read.
+        // Lane u finds split s0 + u's weight and shuffles it to the others:
+        // when every lane read all kSplits L_s and took their exps, those were
+        // ~20 instructions a split, a third of the batch.
         int col_read[kGroups];
 #pragma unroll
         for (int j = 0; j < kGroups; ++j) col_read[j] = col_ok[j] ? col[j] : 0;
         const float* Os = p.O_part + (s_lo * rows + row) * p.d;  // [d]: this split's O_s of the row
-        const float* Lsp = Ls + s_lo * rows;                      // this split's L_s of the row
+        const float* L_lane = Ls + (s_lo + lane) * rows;          // split s0 + lane's L_s of the row
         for (std::int64_t s0 = s_lo; s0 < s_hi; s0 += kSplits) {
           const int live = static_cast<int>(min(static_cast<std::int64_t>(kSplits), s_hi - s0));
-          float Lu[kSplits], Ou[kSplits][kCols];
+          const float L_own = lane < live ? *L_lane : -INFINITY;  // weight 0 past the run
+          float Ou[kSplits][kCols];
 #pragma unroll
           for (int u = 0; u < kSplits; ++u) {
-            Lu[u] = *Lsp;
 #pragma unroll
             for (int j = 0; j < kGroups; ++j) {
               float v[kW];
@@ -1185,20 +1190,14 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
 #pragma unroll
               for (int i = 0; i < kW; ++i) Ou[u][j * kW + i] = v[i];
             }
-            if (u + 1 < live) {
-              Os += split_stride;
-              Lsp += rows;
-            }
+            if (u + 1 < live) Os += split_stride;
           }
           Os += split_stride;
-          Lsp += rows;
+          L_lane += kSplits * rows;
+          const float w_own = partial_weight(L_own, L);
 #pragma unroll
           for (int u = 0; u < kSplits; ++u) {
-            if (u >= live) Lu[u] = -INFINITY;  // weight 0 past the run
-          }
-#pragma unroll
-          for (int u = 0; u < kSplits; ++u) {
-            const float w = partial_weight(Lu[u], L);
+            const float w = __shfl_sync(kFullWarpMask, w_own, u);
 #pragma unroll
             for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
           }
