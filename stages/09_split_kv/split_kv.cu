@@ -1002,19 +1002,62 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
       }
       __syncthreads();
       // O = sum_w weight_w O_w: the partial of this split (fp32) or, with one
-      // split, the answer (Elem). Consecutive threads, consecutive columns.
-      for (int e = tid; e < rows * kD; e += T::kThreads) {
-        const int r = e / kD, c = e % kD;
-        if (c >= p.d) continue;
-        float o = 0.0f;
+      // split, the answer (Elem), written by write_rows (out: [rows, d], the
+      // tile's first row; p.splits is uniform, so the branch is taken once).
+      auto write_rows = [&](auto* out) {
+        // Each thread keeps one group of kVec4 columns and takes every
+        // kVecRowStep-th row: the weights are read once a row for 4 columns,
+        // O_w rows as float4 (kMergeStride keeps them 16-byte aligned), one
+        // vector store, and neither division nor 64-bit index math. In SASS
+        // at d = 128 the per-element loop was ~43 instructions a column
+        // (4 scalar LDS, int64 addresses, a scalar store), ~44% of the split
+        // kernel's stall samples for MQA decodes: one warp a scheduler waits
+        // on each dependent instruction. Now ~8.
+        constexpr int kGroups = kD / kVec4;  // float4 groups of a row
+        constexpr int kVecRowStep = T::kThreads / kGroups;
+        static_assert(T::kThreads % kGroups == 0, "a thread keeps its columns in every row it takes");
+        static_assert(T::kMergeStride % kVec4 == 0, "O_w rows stay 16-byte aligned");
+        const int c = tid % kGroups * kVec4;
+        // Vector stores need d a multiple of 4 (each row then starts aligned
+        // when the first does); otherwise (d bucketed, e.g. 100 in 128) one
+        // column at a time.
+        const bool vec = p.d % kVec4 == 0 &&
+                         reinterpret_cast<std::uintptr_t>(out) % (kVec4 * sizeof(*out)) == 0;
+        if (vec) {
+          if (c >= p.d) return;  // the whole group is past d
+          // Two rows a trip: their shared-memory reads are in flight together.
+#pragma unroll 2
+          for (int r = tid / kGroups; r < rows; r += kVecRowStep) {
+            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int w = 0; w < T::kMaxSlices; ++w) {
-          if (w < slices) o += Ww[w * kRows + r] * Ow[(w * kRows + r) * T::kMergeStride + c];
+            for (int w = 0; w < T::kMaxSlices; ++w) {
+              if (w < slices) {
+                const float wt = Ww[w * kRows + r];
+                const float4 ow = *reinterpret_cast<const float4*>(Ow + (w * kRows + r) * T::kMergeStride + c);
+                o.x += wt * ow.x;
+                o.y += wt * ow.y;
+                o.z += wt * ow.z;
+                o.w += wt * ow.w;
+              }
+            }
+            store_vec4(out + r * p.d + c, o);
+          }
+        } else {
+          for (int e = tid; e < rows * kD; e += T::kThreads) {
+            const int r = e / kD, col = e % kD;
+            if (col >= p.d) continue;
+            float o = 0.0f;
+#pragma unroll
+            for (int w = 0; w < T::kMaxSlices; ++w) {
+              if (w < slices) o += Ww[w * kRows + r] * Ow[(w * kRows + r) * T::kMergeStride + col];
+            }
+            out[r * p.d + col] = from_float<std::remove_pointer_t<decltype(out)>>(o);
+          }
         }
-        const std::int64_t row = row_base + r0 + r;
-        if (p.splits == 1) p.O[row * p.d + c] = from_float<Elem>(o);
-        else p.O_part[((s * p.heads * p.Nq) + row) * p.d + c] = o;
-      }
+      };
+      const std::int64_t row0 = row_base + r0;  // the tile's first row of O
+      if (p.splits == 1) write_rows(p.O + row0 * p.d);
+      else write_rows(p.O_part + (s * p.heads * p.Nq + row0) * p.d);  // partials stay fp32
       if (tid < rows) {
         const std::int64_t row = row_base + r0 + tid;
         if (p.splits == 1) p.L[row] = Lrow[tid];
@@ -1031,11 +1074,13 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
 // Every warp of a row finds L over all the splits (lane l merges splits l,
 // l + 32, ..., read in one batch, then a butterfly). Warp w of the row then
 // sums its run of the splits (merge_run), and its lanes keep their columns
-// c = lane + 32 k of O in registers: a split's O_s row is one coalesced
-// read, merge_splits splits' reads are in flight together, and the weight
-// exp(L_s - L) is computed once per split. The row's first warp adds the
-// other warps' sums (through shared memory, in warp order) and writes O and
-// L. With one warp a row walking every split, MQA on one sequence (32 rows,
+// of O in registers (4 consecutive ones per 128 columns where d allows, one
+// 16-byte read a split; else c = lane + 32 k): a split's O_s row is one
+// coalesced read, merge_splits splits' reads are in flight together, and
+// the weight exp(L_s - L) is computed once per split (by one lane, shuffled
+// to the others). The row's first warp adds the other warps' sums (through
+// shared memory, in warp order) and writes O and L. With one warp a row
+// walking every split, MQA on one sequence (32 rows,
 // 128 splits) had 32 warps on the whole GPU, each waiting on 8 rounds of
 // reads one after another; the L loop, one load per iteration, waited on 4
 // more. partial_weight(-inf, L) = 0 also when L = -inf (no split saw a key).
@@ -1049,6 +1094,12 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
   constexpr int kCols = kD / kWarpSize;  // columns of O per lane
   constexpr int kSplits = merge_splits(kD);  // splits whose O_s rows are read together
   constexpr int kLBatch = static_cast<int>(kMaxSplits / kWarpSize);  // L_s a lane reads at once: every split's in one batch
+  // A lane's columns as kVec4 consecutive ones (one 16-byte load per split),
+  // where it has a multiple of 4 of them: at d = 128 a split's row was 4
+  // scalar loads, each with 64-bit index math and two predicates, ~700 of a
+  // warp's ~1400 instructions.
+  constexpr int kVecCols = kCols % kVec4 == 0 ? kVec4 : 1;
+  static_assert(kSplits <= kWarpSize, "a lane finds the weight of one split of a batch");
   __shared__ float O_warp[kMergeWarps][kD];  // each warp's sum over its run, for the row's first warp
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
@@ -1059,86 +1110,130 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
   const std::int64_t s_lo = run_warp * run;
   const std::int64_t s_hi = min(s_lo + run, p.splits);
   const std::int64_t rows = p.heads * p.Nq;
+  const std::int64_t split_stride = rows * p.d;  // floats from O_s to O_{s+1} of a row
+  // Vector reads and writes need d a multiple of kVecCols (every row then
+  // starts aligned: the workspace is 256-byte aligned) and O aligned as
+  // store_vec4 wants; otherwise (d bucketed, e.g. 100 in 128) one column at
+  // a time. Uniform over the grid, so every thread takes the same path.
+  const bool vec = kVecCols > 1 && p.d % kVecCols == 0 &&
+                   reinterpret_cast<std::uintptr_t>(p.O) % (kVecCols * sizeof(Elem)) == 0;
   wait_for_split_kernel();
-  // Every thread of the block takes the same trips (row0 is per block), so
-  // the barriers below are met by all; warps past the last row only meet them.
-  for (std::int64_t row0 = blockIdx.x * static_cast<std::int64_t>(rows_per_block); row0 < rows;
-       row0 += static_cast<std::int64_t>(gridDim.x) * rows_per_block) {
-    const std::int64_t row = row0 + warp / row_warps;
-    const bool valid = row < rows;
-    float o[kCols];
+  // The merge with the lane's columns in groups of kW: column
+  // j kWarpSize kW + lane kW + v of O is o[j kW + v] (kW = 1: lane + 32 j).
+  auto merge_rows = [&](auto vec_width) {
+    constexpr int kW = decltype(vec_width)::value;
+    constexpr int kGroups = kCols / kW;
+    int col[kGroups];        // first column of each group
+    bool col_ok[kGroups];    // the group is inside d (whole: d % kW == 0)
 #pragma unroll
-    for (int k = 0; k < kCols; ++k) o[k] = 0.0f;
-    float L = -INFINITY;
-    if (valid) {
-      const float* Ls = p.L_part + row;  // [splits], stride rows
-      // L: each lane merges every 32nd split, read in batches of kLBatch,
-      // then the lanes merge theirs in a butterfly (associative:
-      // partial_merge.h). A lane merges only the splits there are: with a
-      // few splits, merging -inf for the rest (no change to L, but an exp
-      // and a log1p each) cost the merge a chain of idle lse_merges.
-      for (std::int64_t s0 = lane; s0 < p.splits; s0 += kWarpSize * kLBatch) {
-        float Lb[kLBatch];
+    for (int j = 0; j < kGroups; ++j) {
+      col[j] = (j * kWarpSize + lane) * kW;
+      col_ok[j] = col[j] < p.d;
+    }
+    // Every thread of the block takes the same trips (row0 is per block), so
+    // the barriers below are met by all; warps past the last row only meet them.
+    for (std::int64_t row0 = blockIdx.x * static_cast<std::int64_t>(rows_per_block); row0 < rows;
+         row0 += static_cast<std::int64_t>(gridDim.x) * rows_per_block) {
+      const std::int64_t row = row0 + warp / row_warps;
+      const bool valid = row < rows;
+      float o[kCols];
 #pragma unroll
-        for (int u = 0; u < kLBatch; ++u) {
-          const std::int64_t s = s0 + u * kWarpSize;
-          Lb[u] = s < p.splits ? Ls[s * rows] : -INFINITY;
-        }
+      for (int k = 0; k < kCols; ++k) o[k] = 0.0f;
+      float L = -INFINITY;
+      if (valid) {
+        const float* Ls = p.L_part + row;  // [splits], stride rows
+        // L: each lane merges every 32nd split, read in batches of kLBatch,
+        // then the lanes merge theirs in a butterfly (associative:
+        // partial_merge.h). A lane merges only the splits there are: with a
+        // few splits, merging -inf for the rest (no change to L, but an exp
+        // and a log1p each) cost the merge a chain of idle lse_merges.
+        for (std::int64_t s0 = lane; s0 < p.splits; s0 += kWarpSize * kLBatch) {
+          float Lb[kLBatch];
 #pragma unroll
-        for (int u = 0; u < kLBatch; ++u) {
-          if (s0 + u * kWarpSize < p.splits) L = lse_merge(L, Lb[u]);
-        }
-      }
+          for (int u = 0; u < kLBatch; ++u) {
+            const std::int64_t s = s0 + u * kWarpSize;
+            Lb[u] = s < p.splits ? Ls[s * rows] : -INFINITY;
+          }
 #pragma unroll
-      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-        L = lse_merge(L, __shfl_xor_sync(kFullWarpMask, L, offset));
-      }
-      // The warp's run, kSplits splits at a time: all their reads first, then
-      // the sums (in split order), so that the reads are in flight together.
-      for (std::int64_t s0 = s_lo; s0 < s_hi; s0 += kSplits) {
-        float Lu[kSplits], Ou[kSplits][kCols];
-#pragma unroll
-        for (int u = 0; u < kSplits; ++u) {
-          const std::int64_t s = s0 + u;
-          const float* Os = p.O_part + (s * rows + row) * p.d;  // [d]: split s's O_s of this row
-          Lu[u] = s < s_hi ? Ls[s * rows] : -INFINITY;  // weight 0 past the run
-#pragma unroll
-          for (int k = 0; k < kCols; ++k) {
-            const int c = lane + k * kWarpSize;
-            Ou[u][k] = s < s_hi && c < p.d ? Os[c] : 0.0f;
+          for (int u = 0; u < kLBatch; ++u) {
+            if (s0 + u * kWarpSize < p.splits) L = lse_merge(L, Lb[u]);
           }
         }
 #pragma unroll
-        for (int u = 0; u < kSplits; ++u) {
-          const float w = partial_weight(Lu[u], L);
+        for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+          L = lse_merge(L, __shfl_xor_sync(kFullWarpMask, L, offset));
+        }
+        // The warp's run, kSplits splits at a time: all their reads first,
+        // then the sums (in split order), so that the reads are in flight
+        // together. No read is predicated: a lane's columns past d read
+        // column 0 (never written back), and the splits past the run in the
+        // last batch read its last split again with weight 0 (O_s is finite).
+        // Pointers step from split to split instead of a 64-bit product a read.
+        // Lane u finds split s0 + u's weight and shuffles it to the others:
+        // when every lane read all kSplits L_s and took their exps, those were
+        // ~20 instructions a split, a third of the batch.
+        int col_read[kGroups];
 #pragma unroll
-          for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
+        for (int j = 0; j < kGroups; ++j) col_read[j] = col_ok[j] ? col[j] : 0;
+        const float* Os = p.O_part + (s_lo * rows + row) * p.d;  // [d]: this split's O_s of the row
+        const float* L_lane = Ls + (s_lo + lane) * rows;          // split s0 + lane's L_s of the row
+        for (std::int64_t s0 = s_lo; s0 < s_hi; s0 += kSplits) {
+          const int live = static_cast<int>(min(static_cast<std::int64_t>(kSplits), s_hi - s0));
+          const float L_own = lane < live ? *L_lane : -INFINITY;  // weight 0 past the run
+          float Ou[kSplits][kCols];
+#pragma unroll
+          for (int u = 0; u < kSplits; ++u) {
+#pragma unroll
+            for (int j = 0; j < kGroups; ++j) {
+              float v[kW];
+              load_floats(Os + col_read[j], v);
+#pragma unroll
+              for (int i = 0; i < kW; ++i) Ou[u][j * kW + i] = v[i];
+            }
+            if (u + 1 < live) Os += split_stride;
+          }
+          Os += split_stride;
+          L_lane += kSplits * rows;
+          const float w_own = partial_weight(L_own, L);
+#pragma unroll
+          for (int u = 0; u < kSplits; ++u) {
+            const float w = __shfl_sync(kFullWarpMask, w_own, u);
+#pragma unroll
+            for (int k = 0; k < kCols; ++k) o[k] += w * Ou[u][k];
+          }
         }
       }
-    }
-    if (row_warps > 1) {  // block-uniform
-      if (valid && run_warp > 0) {
+      if (row_warps > 1) {  // block-uniform
+        if (valid && run_warp > 0) {
 #pragma unroll
-        for (int k = 0; k < kCols; ++k) O_warp[warp][lane + k * kWarpSize] = o[k];
+          for (int k = 0; k < kCols; ++k) O_warp[warp][lane + k * kWarpSize] = o[k];
+        }
+        __syncthreads();
+        if (valid && run_warp == 0) {
+          for (int v = 1; v < row_warps; ++v) {
+#pragma unroll
+            for (int k = 0; k < kCols; ++k) o[k] += O_warp[warp + v][lane + k * kWarpSize];
+          }
+        }
+        __syncthreads();  // O_warp is free for the next rows
       }
-      __syncthreads();
       if (valid && run_warp == 0) {
-        for (int v = 1; v < row_warps; ++v) {
+        Elem* O = p.O + row * p.d;  // [d]
 #pragma unroll
-          for (int k = 0; k < kCols; ++k) o[k] += O_warp[warp + v][lane + k * kWarpSize];
+        for (int j = 0; j < kGroups; ++j) {
+          if (!col_ok[j]) continue;
+          if constexpr (kW == kVec4) {
+            store_vec4(O + col[j], make_float4(o[j * kW], o[j * kW + 1], o[j * kW + 2], o[j * kW + 3]));
+          } else {
+            O[col[j]] = from_float<Elem>(o[j]);
+          }
         }
+        if (lane == 0) p.L[row] = L;
       }
-      __syncthreads();  // O_warp is free for the next rows
     }
-    if (valid && run_warp == 0) {
-#pragma unroll
-      for (int k = 0; k < kCols; ++k) {
-        const int c = lane + k * kWarpSize;
-        if (c < p.d) p.O[row * p.d + c] = from_float<Elem>(o[k]);
-      }
-      if (lane == 0) p.L[row] = L;
-    }
-  }
+  };
+  if (vec) merge_rows(std::integral_constant<int, kVecCols>{});
+  else merge_rows(std::integral_constant<int, 1>{});
 }
 
 // The fp32 kernel for a group of group_rows rows: the wide or the narrow
