@@ -557,6 +557,45 @@ TEST_CASE("stage 07's atomic dQ step finds the pair before it in the accumulator
   }
 }
 
+TEST_CASE("stage 07's dQ accumulator layout: a permutation of each head's rows, whole sectors a reduction") {
+  // dq_accum_index places every element of a head's padded rows once, inside
+  // those rows; in fragment order (d = 128) each register of a warp's n8 tile
+  // (lane (g, t): row g + 8 (e / 2), column 2t + e % 2) is 32 consecutive
+  // floats from a multiple of 32, four whole 32-byte sectors, and the lane's
+  // element for register e is its element for register 0 plus the constant
+  // add_to_dq_fragments adds; row by row (d = 64, 256) an element's index is
+  // row * bucket + col, as the kernel's 8-byte reductions assume.
+  namespace bwd = flashstep::tensor_core::bwd;
+  for (int bucket : {64, 128, 256}) {
+    CAPTURE(bucket);
+    const std::int64_t rows = 2 * bwd::kBr;  // two heads of one Q block each
+    std::vector<int> seen(static_cast<std::size_t>(rows * bucket), 0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (int c = 0; c < bucket; ++c) {
+        const std::int64_t at = bwd::dq_accum_index(bucket, r, c);
+        REQUIRE(at / (bwd::kBr * bucket) == r / bwd::kBr);  // in its head's rows
+        ++seen[static_cast<std::size_t>(at)];
+        if (!bwd::dq_fragment_order(bucket)) CHECK(at == r * bucket + c);
+      }
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  }
+  CHECK(bwd::dq_fragment_order(128));
+  for (int e = 0; e < 4; ++e) {
+    CAPTURE(e);
+    const std::int64_t row0 = 16, col0 = 40;  // an n8 tile of an m16 tile
+    std::vector<std::int64_t> at;
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      at.push_back(bwd::dq_accum_index(128, row0 + g + 8 * (e / 2), col0 + 2 * t + e % 2));
+      const std::int64_t reg0 = bwd::dq_accum_index(128, row0 + g, col0 + 2 * t);
+      CHECK(at.back() - reg0 == (e % 2) * 32 + (e / 2) * 8 * 128);
+    }
+    CHECK(at.front() % 32 == 0);
+    for (int lane = 1; lane < 32; ++lane) CHECK(at[lane] == at.front() + lane);
+  }
+}
+
 TEST_CASE("stage 07's dQ kernel reads its warps' Qi, dOi rows once at d <= 128, per K/V block at d = 256") {
   // One Q block (Nq = 64), non-causal, bf16, against Nk = 128 and 256 keys:
   // the (dK, dV) kernel's K/V blocks are alike, so its part of the model

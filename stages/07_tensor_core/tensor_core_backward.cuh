@@ -511,6 +511,20 @@ __device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
 #endif
 }
 
+/// add_to_dq where the accumulator is in fragment order (dq_fragment_order,
+/// d = 128): each register of the lane's n8 tile one 4-byte reduction, the
+/// warp's 32 of a register 32 consecutive floats (dq_accum_index). `at` is
+/// the lane's element (row g, column 2t) of the tile.
+template <int kRowElems>
+__device__ inline void add_to_dq_fragments(float* at, const float (&acc)[4]) {
+  constexpr int kNextColumn = 32;            // column 2t + 1: the block's second half
+  constexpr int kRowsBelow = 8 * kRowElems;  // row g + 8: the next block of 8 rows
+  atomicAdd(at, acc[0]);
+  atomicAdd(at + kNextColumn, acc[1]);
+  atomicAdd(at + kRowsBelow, acc[2]);
+  atomicAdd(at + kRowsBelow + kNextColumn, acc[3]);
+}
+
 /// Adds tile `tile` of a warp's dQ chunk (dq_step), its m16 tile
 /// tile / kChunkTiles and n8 tile tile % kChunkTiles, the lane's element of
 /// the chunk at `at`.
@@ -518,7 +532,13 @@ template <typename C>
 __device__ inline void add_dq_tile(float* at, const float (&acc)[C::kDQRowTiles][C::kChunkTiles][4],
                                    int tile) {
   const int mt = tile / C::kChunkTiles, nt = tile % C::kChunkTiles;
-  add_to_dq<C::kHeadDim>(at + mt * kMmaM * C::kHeadDim + nt * kMmaN, acc[mt][nt]);
+  if constexpr (dq_fragment_order(C::kHeadDim)) {
+    // an n8 tile is one 8 x 8 block of 64 floats along the rows' blocks
+    add_to_dq_fragments<C::kHeadDim>(at + mt * kMmaM * C::kHeadDim + nt * kMmaN * kMmaN,
+                                     acc[mt][nt]);
+  } else {
+    add_to_dq<C::kHeadDim>(at + mt * kMmaM * C::kHeadDim + nt * kMmaN, acc[mt][nt]);
+  }
 }
 
 /// dq_step's chunks added as soon as they are made, every reduction of a
@@ -617,8 +637,15 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
   // first's plus 16), each computed once by the compiler. (An array of them
   // filled in a loop compiled to other SASS at d = 256, for nothing.)
   auto at_ds = [&](int mt) { return dst_lane_offset<C::kBr>(q_row0 + mt * kMmaM); };
-  // The lane's element (row g, column 2t) of its warp's part of dQ_i.
-  float* dQw = p.dQ_accum + ((dq_row + q_row0 + g) * C::kHeadDim + dq_col0 + 2 * t);
+  // The lane's element (row g, column 2t) of its warp's part of dQ_i
+  // (dq_accum_index, written out so that the rows' and columns' multiples
+  // of 8 stay adds).
+  float* dQw;
+  if constexpr (dq_fragment_order(C::kHeadDim)) {
+    dQw = p.dQ_accum + ((dq_row + q_row0) * C::kHeadDim + dq_col0 * 8 + 4 * g + t);
+  } else {
+    dQw = p.dQ_accum + ((dq_row + q_row0 + g) * C::kHeadDim + dq_col0 + 2 * t);
+  }
   // The chunk loop is unrolled so that every column offset into Kj is a
   // compile-time constant: with a runtime chunk, the lane's swizzle table
   // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
@@ -657,7 +684,7 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
         }
       }
     }
-    add(dQw + chunk, acc);
+    add(dQw + (dq_fragment_order(C::kHeadDim) ? 8 : 1) * chunk, acc);
   }
 }
 
@@ -1073,7 +1100,7 @@ __global__ void __launch_bounds__(C::kThreads) dkdv_kernel(const BackwardParams<
 
 /// dQ = scale * dQ_accum, rounded to Elem: the atomic variant's last pass,
 /// over the real rows and columns of the padded accumulator (rows
-/// kHeadDim long).
+/// kHeadDim long, in its layout: dq_accum_index).
 template <typename Elem, int kHeadDim>
 __global__ void convert_dq_kernel(const BackwardParams<Elem> p) {
   const std::int64_t n = p.heads * p.Nq * p.d;
@@ -1083,7 +1110,7 @@ __global__ void convert_dq_kernel(const BackwardParams<Elem> p) {
        e += stride) {
     const std::int64_t row = e / p.d;  // of heads * Nq
     const std::int64_t padded_row = row + row / p.Nq * pad_rows;
-    p.dQ[e] = from_float<Elem>(p.scale * p.dQ_accum[padded_row * kHeadDim + e % p.d]);
+    p.dQ[e] = from_float<Elem>(p.scale * p.dQ_accum[dq_accum_index(kHeadDim, padded_row, e % p.d)]);
   }
 }
 

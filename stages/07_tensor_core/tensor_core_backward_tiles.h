@@ -136,6 +136,32 @@ FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_rows(std::int64_t Nq) {
   return (Nq + kBr - 1) / kBr * kBr;
 }
 
+/// Whether the accumulator keeps each 8 x 8 block of [rows, bucket] (rows
+/// and columns from multiples of 8) in the order of the mma accumulator
+/// registers, as FlashAttention-2 lays out its dq_accum, rather than row by
+/// row: d = 128. There element (r, c) of a block sits at (c % 2) 32 +
+/// (r % 8) 4 + (c % 8) / 2, so that one register of a warp's n8 tile (lane
+/// (g, t) holds rows g, g + 8 x columns 2t, 2t + 1) is 32 consecutive
+/// floats: four whole sectors for one 4-byte reduction a lane, each sector
+/// once, as the 8-byte reductions of the row-by-row layout touch them.
+/// Twice the reductions (32 a warp a pass, FlashAttention-2's count), each
+/// 128 bytes where an 8-byte one carries 256: with those among the dV
+/// product's ldmatrix reads ncu counted 41 M shared-load wavefronts lost at
+/// d = 128, N = 4096 (tuning_07/bank_model.py: no address conflict), where
+/// FlashAttention-2, its 4-byte reductions among its dK product's reads,
+/// lost 0.6 M.
+FLASHSTEP_HOST_DEVICE constexpr bool dq_fragment_order(int head_dim_bucket) {
+  return head_dim_bucket == 128;
+}
+
+/// Element (row, col) of the accumulator, rows of [heads * dq_accum_rows]
+/// and columns of the bucket, in its layout (dq_fragment_order).
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_index(int head_dim_bucket, std::int64_t row,
+                                                            std::int64_t col) {
+  if (!dq_fragment_order(head_dim_bucket)) return row * head_dim_bucket + col;
+  return row / 8 * 8 * head_dim_bucket + col / 8 * 64 + col % 2 * 32 + row % 8 * 4 + col % 8 / 2;
+}
+
 /// The accumulator's first row (of [heads * dq_accum_rows(Nq)]) of the
 /// (query head, Q block) pair before (bh, q0) in the (dK, dV) kernel's
 /// order, whose Q blocks run from q_first (a multiple of kBr) to a head's
