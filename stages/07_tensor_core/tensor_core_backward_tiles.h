@@ -136,30 +136,37 @@ FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_rows(std::int64_t Nq) {
   return (Nq + kBr - 1) / kBr * kBr;
 }
 
-/// Whether the accumulator keeps each 8 x 8 block of [rows, bucket] (rows
-/// and columns from multiples of 8) in the order of the mma accumulator
-/// registers, as FlashAttention-2 lays out its dq_accum, rather than row by
-/// row: d = 128. There element (r, c) of a block sits at (c % 2) 32 +
-/// (r % 8) 4 + (c % 8) / 2, so that one register of a warp's n8 tile (lane
-/// (g, t) holds rows g, g + 8 x columns 2t, 2t + 1) is 32 consecutive
-/// floats: four whole sectors for one 4-byte reduction a lane, each sector
-/// once, as the 8-byte reductions of the row-by-row layout touch them.
-/// Twice the reductions (32 a warp a pass, FlashAttention-2's count), each
-/// 128 bytes where an 8-byte one carries 256: with those among the dV
-/// product's ldmatrix reads ncu counted 41 M shared-load wavefronts lost at
-/// d = 128, N = 4096 (tuning_07/bank_model.py: no address conflict), where
+/// The accumulator's layout (dq_accum_index): FlashAttention-2's dq_accum
+/// order. Its [rows, bucket] split into 8 x 8 blocks (rows and columns from
+/// multiples of 8; a row of blocks is 8 whole rows, bucket x 8 floats), each
+/// block of kDQBlockElems floats in the order of the mma accumulator
+/// registers: lane (g, t) of an n8 tile holds rows g, g + 8 x columns 2t,
+/// 2t + 1, so element (r, c) of a block sits at (c % 2) kDQRegisterElems +
+/// (r % 8) 4 + (c % 8) / 2, and one register of a warp's n8 tile is 32
+/// consecutive floats from a multiple of 32: one 4-byte reduction a lane,
+/// four whole 32-byte sectors, each once. Row by row (rounds 4 to 12), lane
+/// (g, t)'s two columns were neighbours and went as one 8-byte reduction
+/// (red.global.add.v2.f32), the same sectors in half the instructions but
+/// 256 bytes each: ncu counted 41 M shared-load wavefronts lost at d = 128,
+/// N = 4096 with those among the dV product's ldmatrix reads
+/// (docs/results/tuning_07/bank_model.py: no address conflict), where
 /// FlashAttention-2, its 4-byte reductions among its dK product's reads,
-/// lost 0.6 M.
-FLASHSTEP_HOST_DEVICE constexpr bool dq_fragment_order(int head_dim_bucket) {
-  return head_dim_bucket == 128;
-}
+/// lost 0.6 M. On the H200 the d = 128 atomic backward took x0.90 - 0.92
+/// of its time with the 4-byte reductions (tuning_07, round 13). Every
+/// bucket takes the layout: at d = 64 and 256 too, the same registers and
+/// no spill (ptxas, sm_90); 32 reductions a warp a pass at d = 64 and 128
+/// (FlashAttention-2's count), 64 at d = 256.
+inline constexpr int kDQBlock = 8;                               // rows and columns of a block
+inline constexpr int kDQBlockElems = kDQBlock * kDQBlock;        // 64 floats
+inline constexpr int kDQRegisterElems = kDQBlockElems / 2;       // a register of a warp's n8 tile
+inline constexpr int kDQLanesPerRow = kDQBlock / 2;              // lanes t of a row g (2 columns each)
 
 /// Element (row, col) of the accumulator, rows of [heads * dq_accum_rows]
-/// and columns of the bucket, in its layout (dq_fragment_order).
+/// and columns of the bucket, in its layout (above).
 FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_index(int head_dim_bucket, std::int64_t row,
                                                             std::int64_t col) {
-  if (!dq_fragment_order(head_dim_bucket)) return row * head_dim_bucket + col;
-  return row / 8 * 8 * head_dim_bucket + col / 8 * 64 + col % 2 * 32 + row % 8 * 4 + col % 8 / 2;
+  return row / kDQBlock * kDQBlock * head_dim_bucket + col / kDQBlock * kDQBlockElems +
+         col % 2 * kDQRegisterElems + row % kDQBlock * kDQLanesPerRow + col % kDQBlock / 2;
 }
 
 /// The accumulator's first row (of [heads * dq_accum_rows(Nq)]) of the
