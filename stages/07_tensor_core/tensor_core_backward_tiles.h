@@ -151,11 +151,11 @@ FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_rows(std::int64_t Nq) {
 /// N = 4096 with those among the dV product's ldmatrix reads
 /// (docs/results/tuning_07/bank_model.py: no address conflict), where
 /// FlashAttention-2, its 4-byte reductions among its dK product's reads,
-/// lost 0.6 M. On the H200 the d = 128 atomic backward took x0.90 - 0.92
-/// of its time with the 4-byte reductions (tuning_07, round 13). Every
-/// bucket takes the layout: at d = 64 and 256 too, the same registers and
-/// no spill (ptxas, sm_90); 32 reductions a warp a pass at d = 64 and 128
-/// (FlashAttention-2's count), 64 at d = 256.
+/// lost 0.6 M. With the 4-byte reductions the d = 128 atomic backward took
+/// x0.900 - x0.920 of its time (the lead's A/B, H200, best of 1 round;
+/// tuning_07, round 13). Every bucket takes the layout: at d = 64 and 256
+/// too, the same registers and no spill (ptxas, sm_90); 32 reductions a
+/// warp a pass at d = 64 and 128 (FlashAttention-2's count), 64 at d = 256.
 inline constexpr int kDQBlock = 8;                               // rows and columns of a block
 inline constexpr int kDQBlockElems = kDQBlock * kDQBlock;        // 64 floats
 inline constexpr int kDQRegisterElems = kDQBlockElems / 2;       // a register of a warp's n8 tile
@@ -279,7 +279,9 @@ constexpr int dq_chunk(int head_dim_bucket) {
 /// On the H200 (bwd median): at d = 128 the spread reductions gain 1.2 to
 /// 1.7 %; at d = 64 the step before the products costs 3 %, the burst's
 /// write-after-read waits holding the warp before its dV HMMAs (spread,
-/// ptxas spilled 32 bytes there).
+/// ptxas spilled 32 bytes there; with the 4-byte reductions of fragment
+/// order, 16 bytes, in the score step's masking branch: tuning_07, round
+/// 13).
 constexpr bool dq_on_dv(int head_dim_bucket) { return head_dim_bucket == 128; }
 
 /// The atomic (dK, dV) kernel's dS tiles. Two (d = 256): a Q block's dQ step
