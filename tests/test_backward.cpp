@@ -557,6 +557,54 @@ TEST_CASE("stage 07's atomic dQ step finds the pair before it in the accumulator
   }
 }
 
+TEST_CASE("stage 07's dQ accumulator layout: a permutation of each head's rows, whole sectors a reduction") {
+  // For every bucket, dq_accum_index places every element of a head's padded
+  // rows once, inside those rows. In an n8 tile of an m16 tile (rows from a
+  // multiple of 16, columns from a multiple of 8, as the dQ step's warps
+  // take them) lane (g, t)'s element for register 0 (row g, column 2t) is
+  // where dq_step and add_dq_tile put it: row0 bucket + col0 8 + 4g + t; its
+  // element for register e (row g + 8 (e / 2), column 2t + e % 2) is that
+  // plus the constant add_to_dq adds; and the warp's 32 of a register are
+  // 32 consecutive floats from a multiple of 32: four whole 32-byte sectors
+  // for one 4-byte reduction a lane.
+  namespace bwd = flashstep::tensor_core::bwd;
+  for (int bucket : {64, 128, 256}) {
+    CAPTURE(bucket);
+    const std::int64_t rows = 2 * bwd::kBr;  // two heads of one Q block each
+    std::vector<int> seen(static_cast<std::size_t>(rows * bucket), 0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (int c = 0; c < bucket; ++c) {
+        const std::int64_t at = bwd::dq_accum_index(bucket, r, c);
+        REQUIRE(at >= 0);
+        REQUIRE(at / (bwd::kBr * bucket) == r / bwd::kBr);  // in its head's rows
+        ++seen[static_cast<std::size_t>(at)];
+      }
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    // The first m16 tile, one inside a head's rows, one in the next head's;
+    // the first n8 tile, one inside the row, the last.
+    for (const int row0 : {0, 16, bwd::kBr + 48}) {
+      for (const int col0 : {0, 40, bucket - 8}) {
+        CAPTURE(row0);
+        CAPTURE(col0);
+        for (int e = 0; e < 4; ++e) {
+          CAPTURE(e);
+          std::vector<std::int64_t> at;
+          for (int lane = 0; lane < 32; ++lane) {
+            const int g = lane / 4, t = lane % 4;
+            const std::int64_t reg0 = bwd::dq_accum_index(bucket, row0 + g, col0 + 2 * t);
+            CHECK(reg0 == std::int64_t{row0} * bucket + col0 * 8 + 4 * g + t);
+            at.push_back(bwd::dq_accum_index(bucket, row0 + g + 8 * (e / 2), col0 + 2 * t + e % 2));
+            CHECK(at.back() - reg0 == (e % 2) * 32 + (e / 2) * 8 * std::int64_t{bucket});
+          }
+          CHECK(at.front() % 32 == 0);
+          for (int lane = 1; lane < 32; ++lane) CHECK(at[lane] == at.front() + lane);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("stage 07's dQ kernel reads its warps' Qi, dOi rows once at d <= 128, per K/V block at d = 256") {
   // One Q block (Nq = 64), non-causal, bf16, against Nk = 128 and 256 keys:
   // the (dK, dV) kernel's K/V blocks are alike, so its part of the model

@@ -484,41 +484,36 @@ __device__ inline void store_rows(Elem* dst, const float (&acc)[kTiles][4], int 
 // Lines 5-20: dK_j, dV_j (and dQ by atomics).
 
 /// dQ_i's fp32 accumulator += one n8 tile of a warp's dQ product, by atomic
-/// adds. `at` is this lane's first element of the tile, in row g of the
-/// warp's 16 query rows; the accumulator's rows are kRowElems long (the
-/// bucket: dq_accum_rows). The accumulator layout gives lane (g, t) the pairs
-/// (row g, columns 2t and 2t + 1) and (row g + 8, the same columns): each
-/// pair is one 8-byte vector reduction (red.global.add.v2.f32, sm_90), so the
-/// four lanes of a row cover its 8 columns, one whole 32-byte sector per row
-/// and warp instruction, where two scalar atomicAdds touched it twice. Every
-/// address is `at` plus a constant, no checks: the accumulator is padded.
-/// (The first version swapped a pair between neighbouring lanes for one
-/// 16-byte reduction each, the same sectors for 2 shuffles and 6 selects a
-/// tile, and checked rows and columns against Nq and d: ncu's source
-/// counters put a third of dkdv_kernel's time in the dQ step at d = 128,
-/// with more such instructions than mma and ldmatrix together.)
+/// adds. `at` is this lane's element (row g, column 2t) of the tile in the
+/// accumulator's layout (dq_accum_index: fragment order); its rows are
+/// kRowElems long (the bucket). Each of the lane's four registers is one
+/// 4-byte reduction (red.global.add.f32), the warp's 32 of a register 32
+/// consecutive floats, four whole 32-byte sectors. Every address is `at`
+/// plus a constant, no checks: the accumulator is padded (dq_accum_rows).
+/// (The first version, in the row-by-row layout, swapped a pair between
+/// neighbouring lanes for one 16-byte reduction each and checked rows and
+/// columns against Nq and d: ncu's source counters put a third of
+/// dkdv_kernel's time in the dQ step at d = 128, with more such
+/// instructions than mma and ldmatrix together.)
 template <int kRowElems>
 __device__ inline void add_to_dq(float* at, const float (&acc)[4]) {
-  float* below = at + 8 * kRowElems;  // row g + 8
-#if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(at), make_float2(acc[0], acc[1]));
-  atomicAdd(reinterpret_cast<float2*>(below), make_float2(acc[2], acc[3]));
-#else
+  constexpr int kNextColumn = kDQRegisterElems;  // column 2t + 1: the block's second half
+  constexpr int kRowsBelow = kDQBlock * kRowElems;  // row g + 8: the next row of blocks
   atomicAdd(at, acc[0]);
-  atomicAdd(at + 1, acc[1]);
-  atomicAdd(below, acc[2]);
-  atomicAdd(below + 1, acc[3]);
-#endif
+  atomicAdd(at + kNextColumn, acc[1]);
+  atomicAdd(at + kRowsBelow, acc[2]);
+  atomicAdd(at + kRowsBelow + kNextColumn, acc[3]);
 }
 
 /// Adds tile `tile` of a warp's dQ chunk (dq_step), its m16 tile
 /// tile / kChunkTiles and n8 tile tile % kChunkTiles, the lane's element of
-/// the chunk at `at`.
+/// the chunk at `at`: an m16 tile is two rows of blocks, an n8 tile one
+/// block along its row of blocks.
 template <typename C>
 __device__ inline void add_dq_tile(float* at, const float (&acc)[C::kDQRowTiles][C::kChunkTiles][4],
                                    int tile) {
   const int mt = tile / C::kChunkTiles, nt = tile % C::kChunkTiles;
-  add_to_dq<C::kHeadDim>(at + mt * kMmaM * C::kHeadDim + nt * kMmaN, acc[mt][nt]);
+  add_to_dq<C::kHeadDim>(at + mt * kMmaM * C::kHeadDim + nt * kDQBlockElems, acc[mt][nt]);
 }
 
 /// dq_step's chunks added as soon as they are made, every reduction of a
@@ -617,8 +612,13 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
   // first's plus 16), each computed once by the compiler. (An array of them
   // filled in a loop compiled to other SASS at d = 256, for nothing.)
   auto at_ds = [&](int mt) { return dst_lane_offset<C::kBr>(q_row0 + mt * kMmaM); };
-  // The lane's element (row g, column 2t) of its warp's part of dQ_i.
-  float* dQw = p.dQ_accum + ((dq_row + q_row0 + g) * C::kHeadDim + dq_col0 + 2 * t);
+  // The lane's element (row g, column 2t) of its warp's part of dQ_i, in
+  // fragment order (dq_accum_index, written out: the first row and column,
+  // dq_row + q_row0 and dq_col0 + chunk, are multiples of 8, so their
+  // blocks' offsets are products, kDQBlockElems / kDQBlock floats a column).
+  constexpr int kColumnElems = kDQBlockElems / kDQBlock;
+  float* dQw = p.dQ_accum + ((dq_row + q_row0) * C::kHeadDim + dq_col0 * kColumnElems +
+                             kDQLanesPerRow * g + t);
   // The chunk loop is unrolled so that every column offset into Kj is a
   // compile-time constant: with a runtime chunk, the lane's swizzle table
   // (LaneOffsets) was indexed at run time and ptxas put it in local memory,
@@ -657,7 +657,7 @@ __device__ inline void dq_step(const BackwardParams<Elem>& p, const Elem* dS, co
         }
       }
     }
-    add(dQw + chunk, acc);
+    add(dQw + kColumnElems * chunk, acc);
   }
 }
 
@@ -946,9 +946,9 @@ __device__ inline void dkdv_block(const BackwardParams<Elem>& p, std::int64_t kv
       // The atomic variant's dQ step: where it rides on the dV product
       // (kDQOnDV, d = 128: dq_on_dv says why) it runs right after barrier
       // k', its one chunk kept in registers and its tiles added over the
-      // k16 steps of the dV product, two reductions a tile (add_dq_tile), so
+      // k16 steps of the dV product, four reductions a tile (add_dq_tile), so
       // that they drain under the dV and dK products instead of leaving as
-      // one burst of 16 right before barrier k + 1. Elsewhere (d = 64) it
+      // one burst of 32 right before barrier k + 1. Elsewhere (d = 64) it
       // follows both products, its reductions added at once.
       if constexpr (C::kDQOnDV) {
         static_assert(C::kDQCols == C::kDQChunkCols, "one dQ chunk a warp");
@@ -1073,7 +1073,7 @@ __global__ void __launch_bounds__(C::kThreads) dkdv_kernel(const BackwardParams<
 
 /// dQ = scale * dQ_accum, rounded to Elem: the atomic variant's last pass,
 /// over the real rows and columns of the padded accumulator (rows
-/// kHeadDim long).
+/// kHeadDim long, in its layout: dq_accum_index).
 template <typename Elem, int kHeadDim>
 __global__ void convert_dq_kernel(const BackwardParams<Elem> p) {
   const std::int64_t n = p.heads * p.Nq * p.d;
@@ -1083,7 +1083,7 @@ __global__ void convert_dq_kernel(const BackwardParams<Elem> p) {
        e += stride) {
     const std::int64_t row = e / p.d;  // of heads * Nq
     const std::int64_t padded_row = row + row / p.Nq * pad_rows;
-    p.dQ[e] = from_float<Elem>(p.scale * p.dQ_accum[padded_row * kHeadDim + e % p.d]);
+    p.dQ[e] = from_float<Elem>(p.scale * p.dQ_accum[dq_accum_index(kHeadDim, padded_row, e % p.d)]);
   }
 }
 

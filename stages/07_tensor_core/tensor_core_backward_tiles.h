@@ -136,6 +136,39 @@ FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_rows(std::int64_t Nq) {
   return (Nq + kBr - 1) / kBr * kBr;
 }
 
+/// The accumulator's layout (dq_accum_index): FlashAttention-2's dq_accum
+/// order. Its [rows, bucket] split into 8 x 8 blocks (rows and columns from
+/// multiples of 8; a row of blocks is 8 whole rows, bucket x 8 floats), each
+/// block of kDQBlockElems floats in the order of the mma accumulator
+/// registers: lane (g, t) of an n8 tile holds rows g, g + 8 x columns 2t,
+/// 2t + 1, so element (r, c) of a block sits at (c % 2) kDQRegisterElems +
+/// (r % 8) 4 + (c % 8) / 2, and one register of a warp's n8 tile is 32
+/// consecutive floats from a multiple of 32: one 4-byte reduction a lane,
+/// four whole 32-byte sectors, each once. Row by row (rounds 4 to 12), lane
+/// (g, t)'s two columns were neighbours and went as one 8-byte reduction
+/// (red.global.add.v2.f32), the same sectors in half the instructions but
+/// 256 bytes each: ncu counted 41 M shared-load wavefronts lost at d = 128,
+/// N = 4096 with those among the dV product's ldmatrix reads
+/// (docs/results/tuning_07/bank_model.py: no address conflict), where
+/// FlashAttention-2, its 4-byte reductions among its dK product's reads,
+/// lost 0.6 M. With the 4-byte reductions the d = 128 atomic backward took
+/// x0.900 - x0.920 of its time (the lead's A/B, H200, best of 1 round;
+/// tuning_07, round 13). Every bucket takes the layout: at d = 64 and 256
+/// too, the same registers and no spill (ptxas, sm_90); 32 reductions a
+/// warp a pass at d = 64 and 128 (FlashAttention-2's count), 64 at d = 256.
+inline constexpr int kDQBlock = 8;                               // rows and columns of a block
+inline constexpr int kDQBlockElems = kDQBlock * kDQBlock;        // 64 floats
+inline constexpr int kDQRegisterElems = kDQBlockElems / 2;       // a register of a warp's n8 tile
+inline constexpr int kDQLanesPerRow = kDQBlock / 2;              // lanes t of a row g (2 columns each)
+
+/// Element (row, col) of the accumulator, rows of [heads * dq_accum_rows]
+/// and columns of the bucket, in its layout (above).
+FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_index(int head_dim_bucket, std::int64_t row,
+                                                            std::int64_t col) {
+  return row / kDQBlock * kDQBlock * head_dim_bucket + col / kDQBlock * kDQBlockElems +
+         col % 2 * kDQRegisterElems + row % kDQBlock * kDQLanesPerRow + col % kDQBlock / 2;
+}
+
 /// The accumulator's first row (of [heads * dq_accum_rows(Nq)]) of the
 /// (query head, Q block) pair before (bh, q0) in the (dK, dV) kernel's
 /// order, whose Q blocks run from q_first (a multiple of kBr) to a head's
@@ -246,7 +279,9 @@ constexpr int dq_chunk(int head_dim_bucket) {
 /// On the H200 (bwd median): at d = 128 the spread reductions gain 1.2 to
 /// 1.7 %; at d = 64 the step before the products costs 3 %, the burst's
 /// write-after-read waits holding the warp before its dV HMMAs (spread,
-/// ptxas spilled 32 bytes there).
+/// ptxas spilled 32 bytes there; with the 4-byte reductions of fragment
+/// order, 16 bytes, in the score step's masking branch: tuning_07, round
+/// 13).
 constexpr bool dq_on_dv(int head_dim_bucket) { return head_dim_bucket == 128; }
 
 /// The atomic (dK, dV) kernel's dS tiles. Two (d = 256): a Q block's dQ step
