@@ -192,6 +192,15 @@ TEST_CASE("stage 08's descriptors name the elements its swizzled tiles hold, d =
 
 TEST_CASE("stage 08's dynamic order (lpt_place): every (head, rank) once, heaviest first in a section") {
   namespace hopper = flashstep::hopper;
+  // Only the d = 64 bucket from step 3 has the dynamic order's kernel
+  // (WsLptConfig, launched for causal problems only; the launcher asks
+  // lpt_schedule); d = 128 and 256 and steps 1-2 run main's.
+  CHECK(hopper::lpt_schedule(hopper::Step::kWarpSpecialized, 64));
+  CHECK(hopper::lpt_schedule(hopper::Step::kPingPong, 64));
+  CHECK(hopper::lpt_schedule(hopper::Step::kIntraOverlap, 64));
+  CHECK_FALSE(hopper::lpt_schedule(hopper::Step::kTmaPipeline, 64));
+  CHECK_FALSE(hopper::lpt_schedule(hopper::Step::kIntraOverlap, 128));
+  CHECK_FALSE(hopper::lpt_schedule(hopper::Step::kIntraOverlap, 256));
   // FlashAttention-3's section: the largest power of two of heads whose K
   // and V fit 32 MiB, at least one.
   CHECK(hopper::lpt_section_heads(2048, 64) == 64);

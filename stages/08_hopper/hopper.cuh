@@ -69,9 +69,9 @@ struct Params {
   bool negate_q;     // the scale is negative: wgmma's imm-scale-a = -1 on Qi
   bool vec;          // d % 8 == 0 and 16-byte aligned tensors: 16-byte copies
   bool pairs;        // d even: O written two elements at a time
-  // Steps 3-5 with WsConfig::kLpt (LptCursor): heads per section of the
-  // order, and under a causal mask the counter the blocks take items from
-  // (0 at launch; the block that takes the last item sets it back to 0).
+  // Steps 3-5's causal kernel at d = 64 (WsLptConfig, LptCursor): heads per
+  // section of the order, and the counter the blocks take items from (0 at
+  // launch; the block that takes the last item sets it back to 0).
   int section_heads = 0;
   int* item_counter = nullptr;
 };
@@ -535,9 +535,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // could not copy ahead at all.
 
 /// What step 3 fixes at compile time: the names qk_product, pv_product and
-/// online_softmax read, for one consumer warpgroup's 64 rows.
-template <int kHeadDim_, Step kStep>
-struct WsConfig {
+/// online_softmax read, for one consumer warpgroup's 64 rows. kLpt_: the
+/// causal kernel with FlashAttention-3's dynamic order (WsLptConfig); every
+/// other kernel is WsConfig's, main's.
+template <int kHeadDim_, Step kStep, bool kLpt_>
+struct WsConfigBase {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kStep >= Step::kPingPong;
   static constexpr bool kOverlap = kStep >= Step::kIntraOverlap;
@@ -552,10 +554,12 @@ struct WsConfig {
   // Vj (produce). At d = 128 and 256 either cost 2-3 %, so main's code.
   static constexpr bool kSkipTiles = consumers_skip_tiles(kStep, kHeadDim);
   static constexpr bool kKAhead = producer_copies_k_ahead(kStep, kHeadDim);
-  // d = 64 only (hopper_tiles.h, lpt_schedule): items handed out one at a
-  // time, heaviest first, from a counter (LptCursor); d = 128 and 256 keep
-  // the fixed share of equal units (WsCursor).
-  static constexpr bool kLpt = lpt_schedule(kStep, kHeadDim);
+  // Causal problems at d = 64 only (hopper_tiles.h, lpt_schedule; the
+  // launcher picks WsLptConfig): items handed out one at a time, heaviest
+  // first, from a counter (LptCursor). Every other problem keeps the fixed
+  // share of equal units (WsCursor), main's kernel.
+  static constexpr bool kLpt = kLpt_;
+  static_assert(!kLpt || lpt_schedule(kStep, kHeadDim), "the dynamic order: d = 64, from step 3");
   static constexpr int kBc = key_tile(kHeadDim);  // keys per K/V tile
   static constexpr int kSRegs = kBc / 2;          // S's fp32 accumulators per thread
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
@@ -590,6 +594,13 @@ struct WsConfig {
   static_assert(kProducerRegs * kThreads + kConsumers * kConsumerRegs * kThreads <= 65536,
                 "the registers setmaxnreg hands out fit the SM's 64K");
 };
+/// Main's kernels (the fixed share of units, WsCursor), and the causal one
+/// at d = 64 (the counter, LptCursor): separate types rather than a third
+/// template argument, so that the former keep main's names and code.
+template <int kHeadDim, Step kStep>
+struct WsConfig : WsConfigBase<kHeadDim, kStep, false> {};
+template <int kHeadDim, Step kStep>
+struct WsLptConfig : WsConfigBase<kHeadDim, kStep, true> {};
 
 template <typename C>
 struct WsSmem {
@@ -689,18 +700,19 @@ __device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const WsCursor& 
   return ws_item<C>(p, Tr, head, cursor.rank(p, Tr, head));
 }
 
-/// The work of steps 3-5 with WsConfig::kLpt (lpt_schedule in hopper_tiles.h
-/// says why): FlashAttention-3's order and hand-out (its
+/// The work of steps 3-5 with kLpt, causal problems at d = 64 only
+/// (WsLptConfig; lpt_schedule in hopper_tiles.h says why):
+/// FlashAttention-3's order and hand-out (its
 /// DynamicPersistentTileScheduler). Items (a Q block of one head) are
 /// numbered a section of p.section_heads heads after another (the last may
 /// hold fewer), within a section rank by rank from the heaviest (the last
 /// Q block), head by head within a rank. Block b starts with item b; when
-/// the producer starts an item it takes the block's next one: under a causal
-/// mask from p.item_counter, so that blocks whose items were light take
-/// more, the atomic's latency under the item's copies; without one, item +
-/// gridDim.x (every item is the same work; the launcher gives such a
-/// problem one head a section, WsCursor's head-by-head order). The consumers
-/// learn each number with the item's Qi (LptSlot).
+/// the producer starts an item it takes the block's next one from
+/// p.item_counter, so that blocks whose items were light take more, the
+/// atomic's latency under the item's copies. The consumers learn each
+/// number with the item's Qi (LptSlot). A problem without a mask (every
+/// item the same work) runs main's kernel (WsConfig, WsCursor): the
+/// hand-over cost it 1-3 % (tuning_08, lead's A/B).
 template <typename C, typename Elem>
 __device__ inline WsItem lpt_item(const Params<Elem>& p, int Tr, int unit) {
   const LptPlace at = lpt_place(unit, Tr, static_cast<int>(p.heads), p.section_heads);
@@ -709,9 +721,8 @@ __device__ inline WsItem lpt_item(const Params<Elem>& p, int Tr, int unit) {
 /// The producer's cursor.
 struct LptCursor {
   int unit;
-  // Without a mask this item's number; under one the counter's value taken
-  // at the start of this item, read only at its end (next), so that the
-  // atomic's latency runs under the item's copies.
+  // The counter's value taken at the start of this item, read only at its
+  // end (next), so that the atomic's latency runs under the item's copies.
   int taken;
 
   __device__ static LptCursor first() { return {static_cast<int>(blockIdx.x), 0}; }
@@ -721,15 +732,15 @@ struct LptCursor {
   }
   template <typename Elem>
   __device__ void take_next(const Params<Elem>& p) {
-    taken = p.causal ? atomicAdd(p.item_counter, 1) : unit;
+    taken = atomicAdd(p.item_counter, 1);
   }
-  /// Under a causal mask every item started takes one count, so the
-  /// p.units takes return 0 .. p.units - 1; the block whose take returned
+  /// Every item started takes one count, so the p.units takes return
+  /// 0 .. p.units - 1; the block whose take returned
   /// the last sets the counter back to 0 for the next launch, every other
   /// take being done by then.
   template <typename Elem>
   __device__ void next(const Params<Elem>& p) {
-    if (p.causal && taken == p.units - 1) *p.item_counter = 0;
+    if (taken == p.units - 1) *p.item_counter = 0;
     unit = taken + static_cast<int>(gridDim.x);
   }
 };

@@ -116,8 +116,8 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   launch_with_smem(hopper_kernel<Elem, C>, grid, kThreads, C::kSmemBytes, stream, what, prm, maps);
 }
 
-/// Counters a causal launch with WsConfig::kLpt takes its items from
-/// (LptCursor), per device: allocated and zeroed on the device's first
+/// Counters the causal launches at d = 64 (WsLptConfig) take their items
+/// from (LptCursor), per device: allocated and zeroed on the device's first
 /// such launch (so not under stream capture), never freed, each launch
 /// taking the next round the pool; the kernel leaves its counter 0 again.
 /// A pool rather than one counter, so that launches running at once on
@@ -147,28 +147,25 @@ inline int* lpt_counter() {
 /// 192 rows and four at d = 64, one block per SM (their registers and
 /// shared memory allow no second), a persistent grid of at most one block
 /// per SM, as FlashAttention-3's tile scheduler runs, each block taking
-/// units of work in turn (ws_schedule, WsCursor; at d = 64 lpt_schedule,
-/// LptCursor, one item a unit, a causal one from a counter): a block copies its next
-/// item's Qi and first K/V tiles while it finishes the last one, instead of
-/// a new block starting cold.
-template <typename Elem, int kHeadDim, Step kStep>
+/// units of work in turn (ws_schedule, WsCursor; a causal problem at d = 64
+/// lpt_schedule, WsLptConfig, LptCursor, one item a unit from a counter): a
+/// block copies its next item's Qi and first K/V tiles while it finishes
+/// the last one, instead of a new block starting cold.
+template <typename Elem, typename C>
 void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
-  using C = WsConfig<kHeadDim, kStep>;
   Params<Elem> prm = make_params<Elem>(p, t);
   const std::int64_t Tr = (p.Nq - 1) / C::kBlockRows + 1;
   const WsSchedule work = ws_schedule(Tr, p.heads(), p.causal);
-  // With kLpt one item a unit (LptCursor): under a causal mask
-  // FlashAttention-3's sections of heads and a counter, without one a head a
-  // section.
+  // With kLpt (causal only) one item a unit, FlashAttention-3's sections of
+  // heads and a counter (LptCursor).
   const std::int64_t units = C::kLpt ? Tr * p.heads() : work.units;
   if (units > INT_MAX) throw Error(std::string(what) + ": more work items than an int counts");
   prm.units_per_head = static_cast<int>(work.units_per_head);
   prm.paired_units = static_cast<int>(work.paired_units);
   prm.units = static_cast<int>(units);
   if constexpr (C::kLpt) {
-    prm.section_heads = static_cast<int>(
-        p.causal ? std::min(lpt_section_heads(p.Nk, p.d), p.heads()) : 1);
-    if (p.causal) prm.item_counter = lpt_counter();
+    prm.section_heads = static_cast<int>(std::min(lpt_section_heads(p.Nk, p.d), p.heads()));
+    prm.item_counter = lpt_counter();
   }
   TensorMaps maps{};
   maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
@@ -178,6 +175,19 @@ void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const c
   const std::int64_t blocks = std::min<std::int64_t>(device_sm_count(), units);
   launch_with_smem(hopper_ws_kernel<Elem, C>, dim3(static_cast<unsigned>(blocks)), C::kBlockThreads, C::kSmemBytes,
                    stream, what, prm, maps);
+}
+/// d = 64 from step 3: a causal problem runs the dynamic order's kernel
+/// (WsLptConfig), one without a mask main's (WsConfig; the hand-over cost
+/// it 1-3 %, tuning_08). d = 128 and 256: main's.
+template <typename Elem, int kHeadDim, Step kStep>
+void launch_ws_bucket(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
+  if constexpr (lpt_schedule(kStep, kHeadDim)) {
+    if (p.causal) {
+      launch_ws<Elem, WsLptConfig<kHeadDim, kStep>>(p, t, stream, what);
+      return;
+    }
+  }
+  launch_ws<Elem, WsConfig<kHeadDim, kStep>>(p, t, stream, what);
 }
 
 template <typename Elem, bool kTma>
@@ -198,9 +208,9 @@ void launch_step(const Problem& p, const ForwardTensors& t, Stream stream, const
   if constexpr (kStep >= Step::kWarpSpecialized) {
     if (make_params<Elem>(p, t).vec && reinterpret_cast<std::uintptr_t>(t.O) % 16 == 0) {
       switch (head_dim_bucket(p.d)) {
-        case 64: launch_ws<Elem, 64, kStep>(p, t, stream, what); break;
-        case 128: launch_ws<Elem, 128, kStep>(p, t, stream, what); break;
-        default: launch_ws<Elem, 256, kStep>(p, t, stream, what); break;
+        case 64: launch_ws_bucket<Elem, 64, kStep>(p, t, stream, what); break;
+        case 128: launch_ws_bucket<Elem, 128, kStep>(p, t, stream, what); break;
+        default: launch_ws_bucket<Elem, 256, kStep>(p, t, stream, what); break;
       }
       return;
     }

@@ -104,10 +104,12 @@ constexpr bool producer_copies_k_ahead(Step step, int head_dim_bucket) {
 /// 256 heads of N = 2048 down to 32 of N = 16384, on 132 SMs, the last block
 /// ends ×1.031 (N = 2048), ×1.034 (4096), ×1.059 (8192), ×1.055 (16384)
 /// after the mean, in the dynamic order ×1.008, ×1.003, ×1.003, ×1.003
-/// (docs/results/tuning_08/lpt_schedule_model.py; not yet timed). At d = 64
-/// only for now, where the causal goal is short; a problem without a mask
-/// keeps its order (all its items are the same work) through the same
-/// hand-over.
+/// (docs/results/tuning_08/lpt_schedule_model.py). Lead's A/B on an H200
+/// (tuning_08): causal ×0.987 (N = 2048), ×0.940 (4096), ×0.953 (8192) of
+/// main; without a mask, the same order through the same hand-over ×1.030,
+/// ×1.015, ×1.011, so a problem without a mask (all its items the same
+/// work) runs main's kernel (WsConfig), and only a causal one at d = 64 this
+/// order's (WsLptConfig; at d = 128 it cost ×1.014-1.044).
 constexpr bool lpt_schedule(Step step, int head_dim_bucket) {
   return step >= Step::kWarpSpecialized && head_dim_bucket <= 64;
 }
@@ -217,7 +219,7 @@ inline constexpr int kStages = 2;
 /// units of a few heads and share their Kj and Vj in L2: numbered across
 /// all heads, they read K and V from HBM (docs/results/tuning_08/, A/B 2).
 /// At d = 64 (lpt_schedule) a causal problem is handed out from a counter
-/// instead, which leaves no such round-by-round bias.
+/// instead (WsLptConfig), which leaves no such round-by-round bias.
 struct WsSchedule {
   std::int64_t units_per_head;  // of the first paired_units
   std::int64_t paired_units;    // units per head x heads

@@ -3,7 +3,7 @@
 # under random interleavings; items with random n_blocks, idle consumers
 # (pass_tiles) and consumers that hand their first tiles over unread
 # (skip_tiles); the producer copies an item's first Kj before its Qi and, in
-# steps 4-5, K_{j-1} before V_j. With lpt (WsConfig::kLpt, d = 64) the producer
+# steps 4-5, K_{j-1} before V_j. With lpt (WsLptConfig, causal at d = 64) the producer
 # hands each item's number over in one shared slot, written after q_empty and
 # before q_full's arrival, and after the last item a stop with no Qi; the
 # consumers read it after q_full. Asserts no double arrival on a turn barrier,
