@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "08_hopper/hopper_tiles.h"
@@ -186,5 +187,47 @@ TEST_CASE("stage 08's descriptors name the elements its swizzled tiles hold, d =
         }
       }
     }
+  }
+}
+
+TEST_CASE("stage 08's dynamic order (lpt_place): every (head, rank) once, heaviest first in a section") {
+  namespace hopper = flashstep::hopper;
+  // Only the d = 64 bucket from step 3 has the dynamic order's kernel
+  // (WsLptConfig, launched for causal problems only; the launcher asks
+  // lpt_schedule); d = 128 and 256 and steps 1-2 run main's.
+  CHECK(hopper::lpt_schedule(hopper::Step::kWarpSpecialized, 64));
+  CHECK(hopper::lpt_schedule(hopper::Step::kPingPong, 64));
+  CHECK(hopper::lpt_schedule(hopper::Step::kIntraOverlap, 64));
+  CHECK_FALSE(hopper::lpt_schedule(hopper::Step::kTmaPipeline, 64));
+  CHECK_FALSE(hopper::lpt_schedule(hopper::Step::kIntraOverlap, 128));
+  CHECK_FALSE(hopper::lpt_schedule(hopper::Step::kIntraOverlap, 256));
+  // FlashAttention-3's section: the largest power of two of heads whose K
+  // and V fit 32 MiB, at least one.
+  CHECK(hopper::lpt_section_heads(2048, 64) == 64);
+  CHECK(hopper::lpt_section_heads(16384, 64) == 8);
+  CHECK(hopper::lpt_section_heads(3000, 64) == 32);
+  CHECK(hopper::lpt_section_heads(std::int64_t{1} << 20, 64) == 1);
+  for (const auto& [Tr, heads, section] :
+       {std::tuple{11, 256, 64}, std::tuple{11, 70, 32}, std::tuple{1, 3, 2}, std::tuple{5, 1, 1},
+        std::tuple{4, 7, 8}, std::tuple{3, 9, 4}}) {
+    CAPTURE(Tr);
+    CAPTURE(heads);
+    CAPTURE(section);
+    std::set<std::pair<int, int>> seen;
+    int last_section = -1, last_rank = 0;
+    for (int unit = 0; unit < Tr * heads; ++unit) {
+      const hopper::LptPlace at = hopper::lpt_place(unit, Tr, heads, section);
+      REQUIRE(at.head >= 0);
+      REQUIRE(at.head < heads);
+      REQUIRE(at.rank >= 0);
+      REQUIRE(at.rank < Tr);
+      CHECK(seen.insert({at.head, at.rank}).second);
+      const int in_section = at.head / section;
+      CHECK(in_section >= last_section);  // sections one after another
+      if (in_section == last_section) CHECK(at.rank >= last_rank);  // heaviest first
+      last_section = in_section;
+      last_rank = at.rank;
+    }
+    CHECK(seen.size() == static_cast<std::size_t>(Tr * heads));
   }
 }

@@ -41,6 +41,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mma_sm80.cuh"
 #include "common/reduce.cuh"
@@ -68,6 +69,11 @@ struct Params {
   bool negate_q;     // the scale is negative: wgmma's imm-scale-a = -1 on Qi
   bool vec;          // d % 8 == 0 and 16-byte aligned tensors: 16-byte copies
   bool pairs;        // d even: O written two elements at a time
+  // Steps 3-5's causal kernel at d = 64 (WsLptConfig, LptCursor): heads per
+  // section of the order, and the counter the blocks take items from (0 at
+  // launch; the block that takes the last item sets it back to 0).
+  int section_heads = 0;
+  int* item_counter = nullptr;
 };
 
 /// What a (d bucket, TMA or not) pair fixes at compile time.
@@ -529,9 +535,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // could not copy ahead at all.
 
 /// What step 3 fixes at compile time: the names qk_product, pv_product and
-/// online_softmax read, for one consumer warpgroup's 64 rows.
-template <int kHeadDim_, Step kStep>
-struct WsConfig {
+/// online_softmax read, for one consumer warpgroup's 64 rows. kLpt_: the
+/// causal kernel with FlashAttention-3's dynamic order (WsLptConfig); every
+/// other kernel is WsConfig's, main's.
+template <int kHeadDim_, Step kStep, bool kLpt_>
+struct WsConfigBase {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kStep >= Step::kPingPong;
   static constexpr bool kOverlap = kStep >= Step::kIntraOverlap;
@@ -546,6 +554,12 @@ struct WsConfig {
   // Vj (produce). At d = 128 and 256 either cost 2-3 %, so main's code.
   static constexpr bool kSkipTiles = consumers_skip_tiles(kStep, kHeadDim);
   static constexpr bool kKAhead = producer_copies_k_ahead(kStep, kHeadDim);
+  // Causal problems at d = 64 only (hopper_tiles.h, lpt_schedule; the
+  // launcher picks WsLptConfig): items handed out one at a time, heaviest
+  // first, from a counter (LptCursor). Every other problem keeps the fixed
+  // share of equal units (WsCursor), main's kernel.
+  static constexpr bool kLpt = kLpt_;
+  static_assert(!kLpt || lpt_schedule(kStep, kHeadDim), "the dynamic order: d = 64, from step 3");
   static constexpr int kBc = key_tile(kHeadDim);  // keys per K/V tile
   static constexpr int kSRegs = kBc / 2;          // S's fp32 accumulators per thread
   static constexpr int kColBlocks = kHeadDim / sm90::kSwizzleRowElems;
@@ -562,8 +576,9 @@ struct WsConfig {
   static constexpr int kQBytes = kBr * kHeadDim * 2;   // one consumer's 64 rows of Qi
   static constexpr int kKVBytes = kBc * kHeadDim * 2;
   // Barriers: q_full, q_empty, k_full[kStages], k_empty[kStages],
-  // v_full[kStages], v_empty[kStages].
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
+  // v_full[kStages], v_empty[kStages]; with kLpt, 8 bytes more for the
+  // number of the item the producer hands over with Qi (WsSmem::item_slot).
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + (kLpt ? 8 : 0);
   static constexpr int kInputBytes = sm90::kSwizzleAtomBytes + kConsumers * kQBytes +
                                      2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kInputBytes <= sm90::kMaxSmemBytesPerBlock,
@@ -579,6 +594,13 @@ struct WsConfig {
   static_assert(kProducerRegs * kThreads + kConsumers * kConsumerRegs * kThreads <= 65536,
                 "the registers setmaxnreg hands out fit the SM's 64K");
 };
+/// Main's kernels (the fixed share of units, WsCursor), and the causal one
+/// at d = 64 (the counter, LptCursor): separate types rather than a third
+/// template argument, so that the former keep main's names and code.
+template <int kHeadDim, Step kStep>
+struct WsConfig : WsConfigBase<kHeadDim, kStep, false> {};
+template <int kHeadDim, Step kStep>
+struct WsLptConfig : WsConfigBase<kHeadDim, kStep, true> {};
 
 template <typename C>
 struct WsSmem {
@@ -610,6 +632,8 @@ struct WsSmem {
   __device__ std::uint64_t* v_empty(int b) const {  // consumers done with Vj
     return barriers() + 2 + 3 * kStages + b;
   }
+  /// kLpt: the item whose Qi q_full's current phase brings (LptCursor).
+  __device__ int* item_slot() const { return reinterpret_cast<int*>(barriers() + 2 + 4 * kStages); }
 };
 
 /// The work of steps 3-5 (ws_schedule in hopper_tiles.h says why so): a
@@ -663,13 +687,104 @@ struct WsItem {
   int n_blocks;
 };
 template <typename C, typename Elem>
-__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const WsCursor& cursor) {
-  const int head = cursor.head(p);
-  const int row0 = (Tr - 1 - cursor.rank(p, Tr, head)) * C::kBlockRows;
+__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, int head, int rank) {
+  const int row0 = (Tr - 1 - rank) * C::kBlockRows;
   const std::int64_t last = static_cast<std::int64_t>(row0) + min(C::kBlockRows, p.Nq - row0) - 1;
   const std::int64_t seen = p.causal ? last + 1 + p.Nk - p.Nq : p.Nk;
   const int keys = static_cast<int>(seen < 0 ? 0 : seen > p.Nk ? p.Nk : seen);
   return {head, row0, keys == 0 ? 0 : (keys - 1) / C::kBc + 1};
+}
+template <typename C, typename Elem>
+__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const WsCursor& cursor) {
+  const int head = cursor.head(p);
+  return ws_item<C>(p, Tr, head, cursor.rank(p, Tr, head));
+}
+
+/// The work of steps 3-5 with kLpt, causal problems at d = 64 only
+/// (WsLptConfig; lpt_schedule in hopper_tiles.h says why):
+/// FlashAttention-3's order and hand-out (its
+/// DynamicPersistentTileScheduler). Items (a Q block of one head) are
+/// numbered a section of p.section_heads heads after another (the last may
+/// hold fewer), within a section rank by rank from the heaviest (the last
+/// Q block), head by head within a rank. Block b starts with item b; when
+/// the producer starts an item it takes the block's next one from
+/// p.item_counter, so that blocks whose items were light take more, the
+/// atomic's latency under the item's copies. The consumers learn each
+/// number with the item's Qi (LptSlot). A problem without a mask (every
+/// item the same work) runs main's kernel (WsConfig, WsCursor): the
+/// hand-over cost it 1-3 % (tuning_08, lead's A/B).
+template <typename C, typename Elem>
+__device__ inline WsItem lpt_item(const Params<Elem>& p, int Tr, int unit) {
+  const LptPlace at = lpt_place(unit, Tr, static_cast<int>(p.heads), p.section_heads);
+  return ws_item<C>(p, Tr, at.head, at.rank);
+}
+/// The producer's cursor.
+struct LptCursor {
+  int unit;
+  // The counter's value taken at the start of this item, read only at its
+  // end (next), so that the atomic's latency runs under the item's copies.
+  int taken;
+
+  __device__ static LptCursor first() { return {static_cast<int>(blockIdx.x), 0}; }
+  template <typename Elem>
+  __device__ bool valid(const Params<Elem>& p) const {
+    return unit < p.units;
+  }
+  template <typename Elem>
+  __device__ void take_next(const Params<Elem>& p) {
+    taken = atomicAdd(p.item_counter, 1);
+  }
+  /// Every item started takes one count, so the p.units takes return
+  /// 0 .. p.units - 1; the block whose take returned
+  /// the last sets the counter back to 0 for the next launch, every other
+  /// take being done by then.
+  template <typename Elem>
+  __device__ void next(const Params<Elem>& p) {
+    if (taken == p.units - 1) *p.item_counter = 0;
+    unit = taken + static_cast<int>(gridDim.x);
+  }
+};
+template <typename C, typename Elem>
+__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const LptCursor& cursor) {
+  return lpt_item<C>(p, Tr, cursor.unit);
+}
+/// A consumer's cursor: the numbers the producer hands over in item_slot,
+/// each written before q_full's arrival that brings the item's Qi and read
+/// after the consumer's wait for it (the mbarrier orders the two; take);
+/// after the block's last item the producer hands over p.units with no Qi.
+/// One slot is enough: the producer writes the next number only once
+/// q_empty says every consumer is done with this item's Qi, long after
+/// reading its number.
+struct LptSlot {
+  int unit;
+
+  __device__ static LptSlot first() { return {0}; }
+  template <typename Elem>
+  __device__ bool valid(const Params<Elem>& p) const {
+    return unit < p.units;
+  }
+  template <typename Elem>
+  __device__ void next(const Params<Elem>&) {}  // take() reads the next
+  template <typename C>
+  __device__ void take(const WsSmem<C>& s, unsigned items_done) {
+    sm90::mbarrier_wait(s.q_full(), items_done % 2);
+    unit = *s.item_slot();
+  }
+};
+template <typename C, typename Elem>
+__device__ inline WsItem ws_item(const Params<Elem>& p, int Tr, const LptSlot& cursor) {
+  return lpt_item<C>(p, Tr, cursor.unit);
+}
+template <typename C>
+using ProducerCursor = std::conditional_t<C::kLpt, LptCursor, WsCursor>;
+template <typename C>
+using ConsumerCursor = std::conditional_t<C::kLpt, LptSlot, WsCursor>;
+/// Called before each of a consumer's items, and after its last: with
+/// kLpt, the number of the item q_full's phase items_done brings.
+template <typename C>
+__device__ inline void consumer_take(ConsumerCursor<C>& item, const WsSmem<C>& s,
+                                     unsigned items_done) {
+  if constexpr (C::kLpt) item.take(s, items_done);
 }
 
 /// The producer: thread 0 of warpgroup 0 issues every copy of the block's
@@ -710,13 +825,16 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
     const int b = t % kStages;
     copy_tile(&maps.v, s.v_empty(b), s.v_full(b), s.Vj(b), j, t, head);
   };
-  for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
+  for (ProducerCursor<C> item = ProducerCursor<C>::first(); item.valid(p);
+       item.next(p), ++items_done) {
+    if constexpr (C::kLpt) item.take_next(p);
     const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
     if constexpr (C::kKAhead) {
       if (n_blocks > 0) copy_k(n_blocks - 1, tiles, head);  // line 7's first Kj, before Qi
     }
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
+    if constexpr (C::kLpt) *s.item_slot() = item.unit;  // handed over with Qi
     // A consumer whose rows all lie past Nq gets no copy (a box wholly
     // outside the tensor is not asked of TMA), and computes nothing
     // (pass_tiles).
@@ -745,6 +863,11 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
         if (j > 0) copy_k(j - 1, tiles + 1, head);
       }
     }
+  }
+  if constexpr (C::kLpt) {  // no more items: p.units, with no Qi
+    sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);
+    *s.item_slot() = p.units;
+    sm90::mbarrier_arrive(s.q_full());
   }
 }
 
@@ -1013,7 +1136,8 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
   if (w == C::kConsumers - 1) your_turn();
   unsigned tiles = 0, items_done = 0;
   const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  for (WsCursor item = WsCursor::first(); item.valid(p); item.next(p), ++items_done) {
+  for (ConsumerCursor<C> item = ConsumerCursor<C>::first();
+       consumer_take(item, s, items_done), item.valid(p); item.next(p), ++items_done) {
     const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0 + w * kBr, block_tiles = it.n_blocks;
     // The tiles this consumer computes on: with kSkipTiles those its last
@@ -1037,7 +1161,7 @@ __device__ inline void consume(const Params<Elem>& p, const TensorMaps& maps, co
 #pragma unroll
       for (int r = 0; r < C::kORegs; ++r) O[c][r] = 0.0f;
     }
-    sm90::mbarrier_wait(s.q_full(), items_done % 2);
+    if constexpr (!C::kLpt) sm90::mbarrier_wait(s.q_full(), items_done % 2);  // else waited for
     // Done with Qi once the item's last S is in (at once when it has no
     // tile): the producer copies the next item's Qi under this item's last
     // softmax, last P~ V and the writing of O.

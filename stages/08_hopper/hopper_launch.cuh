@@ -13,6 +13,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "common/cuda_check.h"
@@ -114,30 +116,78 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   launch_with_smem(hopper_kernel<Elem, C>, grid, kThreads, C::kSmemBytes, stream, what, prm, maps);
 }
 
+/// Counters the causal launches at d = 64 (WsLptConfig) take their items
+/// from (LptCursor), per device: allocated and zeroed on the device's first
+/// such launch (so not under stream capture), never freed, each launch
+/// taking the next round the pool; the kernel leaves its counter 0 again.
+/// A pool rather than one counter, so that launches running at once on
+/// several streams (or host threads) count apart: two collide only with
+/// kLptCounters launches between them, or if one captured graph is
+/// replayed on two streams at once.
+inline constexpr int kLptCounters = 1024;
+inline int* lpt_counter() {
+  struct Pool {
+    int* counters = nullptr;
+    unsigned next = 0;
+  };
+  static std::mutex mutex;
+  static std::map<int, Pool> pools;  // by device
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  const std::lock_guard<std::mutex> lock(mutex);
+  Pool& pool = pools[device];
+  if (!pool.counters) {
+    cuda_check(cudaMalloc(&pool.counters, kLptCounters * sizeof(int)), "stage 08: item counters");
+    cuda_check(cudaMemset(pool.counters, 0, kLptCounters * sizeof(int)), "stage 08: item counters");
+  }
+  return pool.counters + pool.next++ % kLptCounters;
+}
+
 /// The kernel of steps 3-5: blocks of 128 rows and three warpgroups, or of
 /// 192 rows and four at d = 64, one block per SM (their registers and
 /// shared memory allow no second), a persistent grid of at most one block
 /// per SM, as FlashAttention-3's tile scheduler runs, each block taking
-/// units of work in turn (ws_schedule, WsCursor): a block copies its next
-/// item's Qi and first K/V tiles while it finishes the last one, instead of
-/// a new block starting cold.
-template <typename Elem, int kHeadDim, Step kStep>
+/// units of work in turn (ws_schedule, WsCursor; a causal problem at d = 64
+/// lpt_schedule, WsLptConfig, LptCursor, one item a unit from a counter): a
+/// block copies its next item's Qi and first K/V tiles while it finishes
+/// the last one, instead of a new block starting cold.
+template <typename Elem, typename C>
 void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
-  using C = WsConfig<kHeadDim, kStep>;
   Params<Elem> prm = make_params<Elem>(p, t);
-  const WsSchedule work = ws_schedule((p.Nq - 1) / C::kBlockRows + 1, p.heads(), p.causal);
-  if (work.units > INT_MAX) throw Error(std::string(what) + ": more work items than an int counts");
+  const std::int64_t Tr = (p.Nq - 1) / C::kBlockRows + 1;
+  const WsSchedule work = ws_schedule(Tr, p.heads(), p.causal);
+  // With kLpt (causal only) one item a unit, FlashAttention-3's sections of
+  // heads and a counter (LptCursor).
+  const std::int64_t units = C::kLpt ? Tr * p.heads() : work.units;
+  if (units > INT_MAX) throw Error(std::string(what) + ": more work items than an int counts");
   prm.units_per_head = static_cast<int>(work.units_per_head);
   prm.paired_units = static_cast<int>(work.paired_units);
-  prm.units = static_cast<int>(work.units);
+  prm.units = static_cast<int>(units);
+  if constexpr (C::kLpt) {
+    prm.section_heads = static_cast<int>(std::min(lpt_section_heads(p.Nk, p.d), p.heads()));
+    prm.item_counter = lpt_counter();
+  }
   TensorMaps maps{};
   maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
   maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d, C::kBc);
   maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
   if constexpr (C::kOutByTma) maps.o = make_tensor_map<Elem>(prm.O, p.heads(), prm.Nq, prm.d, kBr);
-  const std::int64_t blocks = std::min<std::int64_t>(device_sm_count(), work.units);
+  const std::int64_t blocks = std::min<std::int64_t>(device_sm_count(), units);
   launch_with_smem(hopper_ws_kernel<Elem, C>, dim3(static_cast<unsigned>(blocks)), C::kBlockThreads, C::kSmemBytes,
                    stream, what, prm, maps);
+}
+/// d = 64 from step 3: a causal problem runs the dynamic order's kernel
+/// (WsLptConfig), one without a mask main's (WsConfig; the hand-over cost
+/// it 1-3 %, tuning_08). d = 128 and 256: main's.
+template <typename Elem, int kHeadDim, Step kStep>
+void launch_ws_bucket(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
+  if constexpr (lpt_schedule(kStep, kHeadDim)) {
+    if (p.causal) {
+      launch_ws<Elem, WsLptConfig<kHeadDim, kStep>>(p, t, stream, what);
+      return;
+    }
+  }
+  launch_ws<Elem, WsConfig<kHeadDim, kStep>>(p, t, stream, what);
 }
 
 template <typename Elem, bool kTma>
@@ -158,9 +208,9 @@ void launch_step(const Problem& p, const ForwardTensors& t, Stream stream, const
   if constexpr (kStep >= Step::kWarpSpecialized) {
     if (make_params<Elem>(p, t).vec && reinterpret_cast<std::uintptr_t>(t.O) % 16 == 0) {
       switch (head_dim_bucket(p.d)) {
-        case 64: launch_ws<Elem, 64, kStep>(p, t, stream, what); break;
-        case 128: launch_ws<Elem, 128, kStep>(p, t, stream, what); break;
-        default: launch_ws<Elem, 256, kStep>(p, t, stream, what); break;
+        case 64: launch_ws_bucket<Elem, 64, kStep>(p, t, stream, what); break;
+        case 128: launch_ws_bucket<Elem, 128, kStep>(p, t, stream, what); break;
+        default: launch_ws_bucket<Elem, 256, kStep>(p, t, stream, what); break;
       }
       return;
     }

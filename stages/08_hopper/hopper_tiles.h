@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "common/host_device.h"
+
 namespace flashstep::hopper {
 
 /// The ablation ladder of FlashAttention-3's ideas. Every step keeps the
@@ -89,6 +91,60 @@ constexpr bool consumers_skip_tiles(Step step, int head_dim_bucket) {
 constexpr bool producer_copies_k_ahead(Step step, int head_dim_bucket) {
   return step >= Step::kWarpSpecialized && head_dim_bucket <= 64;
 }
+/// Whether, from step 3, a causal problem's items are handed out as
+/// FlashAttention-3's DynamicPersistentTileScheduler hands them
+/// (hopper/tile_scheduler.hpp): one item (a Q block of one head) at a time,
+/// heaviest first within sections of lpt_section_heads heads, each block
+/// taking the next from a counter in global memory as it starts its current
+/// one (hopper.cuh, LptCursor), so that the blocks that drew light items
+/// take more of them and the lightest fill the tail (longest processing time
+/// first). The fixed share of equal pairs (ws_schedule) leaves a tail when
+/// the units are not a multiple of the blocks: by a model of a block's time
+/// as its items' tiles plus one tile an item, at d = 64 (192-row blocks),
+/// 256 heads of N = 2048 down to 32 of N = 16384, on 132 SMs, the last block
+/// ends ×1.031 (N = 2048), ×1.034 (4096), ×1.059 (8192), ×1.055 (16384)
+/// after the mean, in the dynamic order ×1.008, ×1.003, ×1.003, ×1.003
+/// (docs/results/tuning_08/lpt_schedule_model.py). Lead's A/B on an H200
+/// (tuning_08): causal ×0.987 (N = 2048), ×0.940 (4096), ×0.953 (8192) of
+/// main; without a mask, the same order through the same hand-over ×1.030,
+/// ×1.015, ×1.011, so a problem without a mask (all its items the same
+/// work) runs main's kernel (WsConfig), and only a causal one at d = 64 this
+/// order's (WsLptConfig; at d = 128 it cost ×1.014-1.044).
+constexpr bool lpt_schedule(Step step, int head_dim_bucket) {
+  return step >= Step::kWarpSpecialized && head_dim_bucket <= 64;
+}
+/// Heads per section of the dynamic order: FlashAttention-3's, the largest
+/// power of two whose K and V (Nk x (d + d) 16-bit elements a head) fit the
+/// 32 MiB of L2 it sets aside for them, at least one. The blocks running at
+/// once then share a section's K and V in L2 (items numbered across all
+/// heads read them from HBM: tuning_08, A/B 2).
+inline constexpr std::int64_t kLptL2Bytes = std::int64_t{32} * 1024 * 1024;
+constexpr std::int64_t lpt_section_heads(std::int64_t Nk, std::int64_t d) {
+  const std::int64_t head_bytes = Nk * 2 * d * 2;
+  std::int64_t heads = 1;
+  while (2 * heads * head_bytes <= kLptL2Bytes) heads *= 2;
+  return heads;
+}
+/// Item `unit` of the dynamic order (hopper.cuh, LptCursor): its head and its
+/// rank (Q blocks counted from the last, the heaviest under a causal mask),
+/// for Tr Q blocks a head: sections of section_heads heads one after another
+/// (the last may hold fewer), within one rank by rank, head by head within a
+/// rank (FlashAttention-3's DynamicPersistentTileScheduler::get_block_coord).
+struct LptPlace {
+  int head;
+  int rank;
+};
+FLASHSTEP_HOST_DEVICE constexpr LptPlace lpt_place(int unit, int Tr, int heads,
+                                                   int section_heads) {
+  const int section_items = section_heads * Tr;
+  const int section = unit / section_items;
+  const int first_head = section * section_heads;
+  const int in_section = unit - section * section_items;
+  const int section_size = heads - first_head < section_heads ? heads - first_head : section_heads;
+  const int rank = in_section / section_size;
+  return {first_head + in_section - rank * section_size, rank};
+}
+
 /// Threads per block from step 3: the producer and the consumer warpgroups.
 constexpr int ws_threads(int consumers) { return (1 + consumers) * kThreads; }
 /// Registers per thread after setmaxnreg (step 3), FlashAttention-3's splits
@@ -162,6 +218,8 @@ inline constexpr int kStages = 2;
 /// that they fill the tail. Head by head, the blocks running at once hold
 /// units of a few heads and share their Kj and Vj in L2: numbered across
 /// all heads, they read K and V from HBM (docs/results/tuning_08/, A/B 2).
+/// At d = 64 (lpt_schedule) a causal problem is handed out from a counter
+/// instead (WsLptConfig), which leaves no such round-by-round bias.
 struct WsSchedule {
   std::int64_t units_per_head;  // of the first paired_units
   std::int64_t paired_units;    // units per head x heads
