@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """ab_pair_table.py without a GPU: synthetic rounds of both sides (or of a base
 and its variants) in, the table out; and ab_pair.sh's and ab_trees.sh's
-refusals of bad arguments, which come before they build anything. Prints a
-line per check and exits 1 if any failed."""
+refusals of bad arguments, which come before they build anything, and the CLI
+each round runs (ab_common.sh's ab_cli: checked in the first round only).
+Prints a line per check and exits 1 if any failed."""
 import csv
 import os
 import subprocess
@@ -39,6 +40,19 @@ def script(name, *args):
     return p.returncode, p.stderr.splitlines()
 
 
+def round_cli(round_number):
+    """The arguments a round's CLI (ab_cli) passes to a stand-in that prints them."""
+    with tempfile.TemporaryDirectory() as folder:
+        fake = os.path.join(folder, "flashstep")
+        with open(fake, "w") as f:
+            f.write('#!/bin/sh\necho "$@"\n')
+        os.chmod(fake, 0o755)
+        shell = (f'logs={folder}; source {os.path.join(HERE, "ab_common.sh")}; '
+                 f'"$(ab_cli {round_number} {fake})" --N 4096')
+        p = subprocess.run(["bash", "-c", shell], capture_output=True, text=True)
+    return p.stdout.split()
+
+
 def main():
     rc, lines = table({"new_1.csv": [row(2.2), row(9.0, n=16384), row(1.0, passname="fwd+bwd"),
                                      row(0.5, n=1024)],
@@ -71,6 +85,9 @@ def main():
          prefix_rc == 0
          and "07_tensor_core bf16 4 16 4096 4096 128 0 | 2.0 | 1.5 | 2.5 | ×0.800 | ×0.600 | ok"
          in prefix),
+        ("the first round's CLI checks every point", round_cli(1) == ["--N", "4096"]),
+        ("later rounds' CLI only times (--no-check)",
+         round_cli(2) == ["--N", "4096", "--no-check"]),
     ]
     with tempfile.NamedTemporaryFile(suffix=".patch") as patch:
         refusals = [("ab_pair.sh", "no patch file",
