@@ -38,7 +38,8 @@ ab_build() {
 # run of ab_trees.sh lost its second round to it.
 ab_cli() {
   if [ "$1" -le 1 ]; then echo "$2"; return; fi
-  local wrapper="$logs/unchecked_$(echo "$2" | md5sum | cut -c1-8)"
+  local wrapper
+  wrapper="$logs/unchecked_$(echo "$2" | md5sum | cut -c1-8)"
   printf '#!/bin/sh\nexec "%s" "$@" --no-check\n' "$2" >"$wrapper"
   chmod +x "$wrapper"
   echo "$wrapper"
