@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # What ab_pair.sh and ab_trees.sh share, sourced by both from the repository
-# root: the check of the stage folder and the kind, the tree copy and the
-# build of one stage's CLI. Each refusal is one line on stderr and exit 2,
+# root: the check of the stage folder and the kind, the tree copy, the
+# build of one stage's CLI and a side's run in a round. Each refusal is one line on stderr and exit 2,
 # named after the caller ($who).
 
 # ab_script FOLDER KIND: sets script (the timing script for KIND) and extra
@@ -43,4 +43,16 @@ ab_cli() {
   printf '#!/bin/sh\nexec "%s" "$@" --no-check\n' "$2" >"$wrapper"
   chmod +x "$wrapper"
   echo "$wrapper"
+}
+
+# ab_run SIDE ROUND CLI [flags...]: the timing script ($script, $extra) on
+# SIDE's CLI in ROUND of $rounds, its CSV and log as $logs/SIDE_ROUND.csv
+# and .log; a failed run is one line, and the rounds go on.
+ab_run() {
+  local side=$1 round=$2 cli=$3
+  shift 3
+  echo "$who: round $round of $rounds, $side"
+  python3 "$script" --flashstep "$(ab_cli "$round" "$cli")" \
+    --out "$logs/${side}_$round.csv" "${extra[@]}" "$@" >"$logs/${side}_$round.log" 2>&1 \
+    || echo "$who: the $side run of round $round failed (its log: ${side}_$round.log)"
 }

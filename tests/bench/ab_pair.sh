@@ -56,10 +56,7 @@ rounds=${ROUNDS:-2}
 for round in $(seq "$rounds"); do
   for side in new old; do
     tree=$root; [ $side = old ] && tree=$old
-    echo "ab_pair: round $round of $rounds, $side"
-    python3 "$script" --flashstep "$(ab_cli "$round" "$tree/build-pair/stages/cli/flashstep")" \
-      --out "$logs/${side}_$round.csv" "${extra[@]}" "$@" >"$logs/${side}_$round.log" 2>&1 \
-      || echo "ab_pair: the $side run of round $round failed (its log: ${side}_$round.log)"
+    ab_run "$side" "$round" "$tree/build-pair/stages/cli/flashstep" "$@"
   done
   tar czf "$out/ab_pair.tar.gz" -C "$logs" .  # each round kept, should a time limit stop the next
 done

@@ -70,10 +70,7 @@ rounds=${ROUNDS:-2}
 for round in $(seq "$rounds"); do
   for side in base "${names[@]}"; do
     tree=$(tree_of "$side")
-    echo "ab_trees: round $round of $rounds, $side"
-    python3 "$script" --flashstep "$(ab_cli "$round" "$tree/build-trees/stages/cli/flashstep")" \
-      --out "$logs/${side}_$round.csv" "${extra[@]}" "$@" >"$logs/${side}_$round.log" 2>&1 \
-      || echo "ab_trees: the $side run of round $round failed (its log: ${side}_$round.log)"
+    ab_run "$side" "$round" "$tree/build-trees/stages/cli/flashstep" "$@"
   done
   tar czf "$out/ab_trees.tar.gz" -C "$logs" .  # each round kept, should a time limit stop the next
 done

@@ -2,7 +2,8 @@
 """ab_pair_table.py without a GPU: synthetic rounds of both sides (or of a base
 and its variants) in, the table out; and ab_pair.sh's and ab_trees.sh's
 refusals of bad arguments, which come before they build anything, and the CLI
-each round runs (ab_common.sh's ab_cli: checked in the first round only).
+each round runs (ab_common.sh's ab_run and ab_cli: checked in the first round
+only).
 Prints a line per check and exits 1 if any failed."""
 import csv
 import os
@@ -40,15 +41,31 @@ def script(name, *args):
     return p.returncode, p.stderr.splitlines()
 
 
+# A stand-in timing script: runs the CLI it is given with its other flags
+# and writes what the CLI printed to --out.
+FAKE_SCRIPT = """import subprocess, sys
+a = sys.argv[1:]
+named = {a[i]: a[i + 1] for i in range(len(a) - 1) if a[i] in ("--flashstep", "--out")}
+rest = [x for i, x in enumerate(a) if x not in named and x not in named.values()]
+run = subprocess.run([named["--flashstep"], *rest], capture_output=True, text=True)
+open(named["--out"], "w").write(run.stdout)
+"""
+
+
 def round_cli(round_number):
-    """The arguments a round's CLI (ab_cli) passes to a stand-in that prints them."""
+    """The flags a round's run (ab_common.sh's ab_run, through ab_cli) hands
+    the CLI, as a stand-in CLI prints them."""
     with tempfile.TemporaryDirectory() as folder:
         fake = os.path.join(folder, "flashstep")
         with open(fake, "w") as f:
             f.write('#!/bin/sh\necho "$@"\n')
         os.chmod(fake, 0o755)
-        shell = (f'logs={folder}; source {os.path.join(HERE, "ab_common.sh")}; '
-                 f'"$(ab_cli {round_number} {fake})" --N 4096')
+        with open(os.path.join(folder, "script.py"), "w") as f:
+            f.write(FAKE_SCRIPT)
+        shell = (f'source {os.path.join(HERE, "ab_common.sh")}; logs={folder}; who=test; '
+                 f'rounds=2; script={folder}/script.py; extra=(--no-peers); '
+                 f'ab_run base {round_number} {fake} --N 4096 >/dev/null; '
+                 f'cat {folder}/base_{round_number}.csv')
         p = subprocess.run(["bash", "-c", shell], capture_output=True, text=True)
     return p.stdout.split()
 
@@ -85,9 +102,10 @@ def main():
          prefix_rc == 0
          and "07_tensor_core bf16 4 16 4096 4096 128 0 | 2.0 | 1.5 | 2.5 | ×0.800 | ×0.600 | ok"
          in prefix),
-        ("the first round's CLI checks every point", round_cli(1) == ["--N", "4096"]),
+        ("the first round's CLI checks every point",
+         round_cli(1) == ["--no-peers", "--N", "4096"]),
         ("later rounds' CLI only times (--no-check)",
-         round_cli(2) == ["--N", "4096", "--no-check"]),
+         round_cli(2) == ["--no-peers", "--N", "4096", "--no-check"]),
     ]
     with tempfile.NamedTemporaryFile(suffix=".patch") as patch:
         refusals = [("ab_pair.sh", "no patch file",
