@@ -147,15 +147,15 @@ FLASHSTEP_HOST_DEVICE constexpr std::int64_t dq_accum_rows(std::int64_t Nq) {
 /// four whole 32-byte sectors, each once. Row by row (rounds 4 to 12), lane
 /// (g, t)'s two columns were neighbours and went as one 8-byte reduction
 /// (red.global.add.v2.f32), the same sectors in half the instructions but
-/// 256 bytes each: ncu counted 41 M shared-load wavefronts lost at d = 128,
-/// N = 4096 with those among the dV product's ldmatrix reads
-/// (docs/results/tuning_07/bank_model.py: no address conflict), where
-/// FlashAttention-2, its 4-byte reductions among its dK product's reads,
-/// lost 0.6 M. With the 4-byte reductions the d = 128 atomic backward took
-/// x0.900 - x0.920 of its time (the lead's A/B, H200, best of 1 round;
-/// tuning_07, round 13). Every bucket takes the layout: at d = 64 and 256
-/// too, the same registers and no spill (ptxas, sm_90); 32 reductions a
-/// warp a pass at d = 64 and 128 (FlashAttention-2's count), 64 at d = 256.
+/// 256 bytes each: among the dV product's ldmatrix reads they cost many
+/// times the shared-load wavefronts FlashAttention-2's 4-byte ones cost
+/// among its dK product's (ablation16.csv; bank_model.py in
+/// docs/results/tuning_07 finds no address conflict), and the 4-byte
+/// reductions made the d = 128 atomic backward faster
+/// (tuning_07/bwd_run13_frag_ab.txt, round 13). Every bucket takes the
+/// layout: at d = 64 and 256 too, the same registers and no spill (ptxas,
+/// sm_90); 32 reductions a warp a pass at d = 64 and 128 (FlashAttention-2's
+/// count), 64 at d = 256.
 inline constexpr int kDQBlock = 8;                               // rows and columns of a block
 inline constexpr int kDQBlockElems = kDQBlock * kDQBlock;        // 64 floats
 inline constexpr int kDQRegisterElems = kDQBlockElems / 2;       // a register of a warp's n8 tile

@@ -177,8 +177,8 @@ void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const c
                    stream, what, prm, maps);
 }
 /// d = 64 from step 3: a causal problem runs the dynamic order's kernel
-/// (WsLptConfig), one without a mask main's (WsConfig; the hand-over cost
-/// it 1-3 %, tuning_08). d = 128 and 256: main's.
+/// (WsLptConfig), one without a mask main's (WsConfig: the hand-over alone
+/// made it slower, tuning_08/lpt_ab.txt). d = 128 and 256: main's.
 template <typename Elem, int kHeadDim, Step kStep>
 void launch_ws_bucket(const Problem& p, const ForwardTensors& t, Stream stream, const char* what) {
   if constexpr (lpt_schedule(kStep, kHeadDim)) {

@@ -99,17 +99,14 @@ constexpr bool producer_copies_k_ahead(Step step, int head_dim_bucket) {
 /// one (hopper.cuh, LptCursor), so that the blocks that drew light items
 /// take more of them and the lightest fill the tail (longest processing time
 /// first). The fixed share of equal pairs (ws_schedule) leaves a tail when
-/// the units are not a multiple of the blocks: by a model of a block's time
-/// as its items' tiles plus one tile an item, at d = 64 (192-row blocks),
-/// 256 heads of N = 2048 down to 32 of N = 16384, on 132 SMs, the last block
-/// ends ×1.031 (N = 2048), ×1.034 (4096), ×1.059 (8192), ×1.055 (16384)
-/// after the mean, in the dynamic order ×1.008, ×1.003, ×1.003, ×1.003
-/// (docs/results/tuning_08/lpt_schedule_model.py). Lead's A/B on an H200
-/// (tuning_08): causal ×0.987 (N = 2048), ×0.940 (4096), ×0.953 (8192) of
-/// main; without a mask, the same order through the same hand-over ×1.030,
-/// ×1.015, ×1.011, so a problem without a mask (all its items the same
-/// work) runs main's kernel (WsConfig), and only a causal one at d = 64 this
-/// order's (WsLptConfig; at d = 128 it cost ×1.014-1.044).
+/// the units are not a multiple of the blocks, and the dynamic order
+/// shortens it (a model of a block's time as its items' tiles plus one tile
+/// an item, at the paper's d = 64 shapes on 132 SMs:
+/// docs/results/tuning_08/lpt_schedule_model.py). Timed on an H200
+/// (docs/results/tuning_08/lpt_ab.txt) it was faster under a causal mask
+/// and slower without one (all its items the same work, only the hand-over
+/// added) and at d = 128: so only a causal problem at d = 64 runs this
+/// order's kernel (WsLptConfig), every other main's (WsConfig).
 constexpr bool lpt_schedule(Step step, int head_dim_bucket) {
   return step >= Step::kWarpSpecialized && head_dim_bucket <= 64;
 }

@@ -1008,11 +1008,11 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
         // Each thread keeps one group of kVec4 columns and takes every
         // kVecRowStep-th row: the weights are read once a row for 4 columns,
         // O_w rows as float4 (kMergeStride keeps them 16-byte aligned), one
-        // vector store, and neither division nor 64-bit index math. In SASS
-        // at d = 128 the per-element loop was ~43 instructions a column
-        // (4 scalar LDS, int64 addresses, a scalar store), ~44% of the split
-        // kernel's stall samples for MQA decodes: one warp a scheduler waits
-        // on each dependent instruction. Now ~8.
+        // vector store, and neither division nor 64-bit index math. One
+        // element a pass (scalar LDS, int64 addresses, a scalar store) made
+        // this loop the most sampled part of the split kernel at short MQA
+        // decodes, where one warp a scheduler waits on each dependent
+        // instruction (docs/results/tuning_09/, runs 15 and 16).
         constexpr int kGroups = kD / kVec4;  // float4 groups of a row
         constexpr int kVecRowStep = T::kThreads / kGroups;
         static_assert(T::kThreads % kGroups == 0, "a thread keeps its columns in every row it takes");
@@ -1096,8 +1096,8 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
   constexpr int kLBatch = static_cast<int>(kMaxSplits / kWarpSize);  // L_s a lane reads at once: every split's in one batch
   // A lane's columns as kVec4 consecutive ones (one 16-byte load per split),
   // where it has a multiple of 4 of them: at d = 128 a split's row was 4
-  // scalar loads, each with 64-bit index math and two predicates, ~700 of a
-  // warp's ~1400 instructions.
+  // scalar loads, each with 64-bit index math and two predicates, half the
+  // merge's instructions (docs/results/tuning_09/, run 15).
   constexpr int kVecCols = kCols % kVec4 == 0 ? kVec4 : 1;
   static_assert(kSplits <= kWarpSize, "a lane finds the weight of one split of a batch");
   __shared__ float O_warp[kMergeWarps][kD];  // each warp's sum over its run, for the row's first warp
