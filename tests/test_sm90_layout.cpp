@@ -203,10 +203,13 @@ TEST_CASE("stage 08's dynamic order (lpt_place): every (head, rank) once, heavie
   CHECK_FALSE(hopper::lpt_schedule(hopper::Step::kIntraOverlap, 256));
   // FlashAttention-3's section: the largest power of two of heads whose K
   // and V fit 32 MiB, at least one.
-  CHECK(hopper::lpt_section_heads(2048, 64) == 64);
-  CHECK(hopper::lpt_section_heads(16384, 64) == 8);
-  CHECK(hopper::lpt_section_heads(3000, 64) == 32);
-  CHECK(hopper::lpt_section_heads(std::int64_t{1} << 20, 64) == 1);
+  CHECK(hopper::lpt_section_heads(2048, 64, 1) == 64);
+  CHECK(hopper::lpt_section_heads(16384, 64, 1) == 8);
+  CHECK(hopper::lpt_section_heads(3000, 64, 1) == 32);
+  CHECK(hopper::lpt_section_heads(std::int64_t{1} << 20, 64, 1) == 1);
+  // Grouped heads: the K/V heads that fit, each read by `group` query heads.
+  CHECK(hopper::lpt_section_heads(16384, 64, 4) == 32);
+  CHECK(hopper::lpt_section_heads(std::int64_t{1} << 20, 64, 8) == 8);
   for (const auto& [Tr, heads, section] :
        {std::tuple{11, 256, 64}, std::tuple{11, 70, 32}, std::tuple{1, 3, 2}, std::tuple{5, 1, 1},
         std::tuple{4, 7, 8}, std::tuple{3, 9, 4}}) {

@@ -55,11 +55,16 @@ namespace flashstep::hopper {
 template <typename Elem>
 struct Params {
   const Elem* Q;  // [heads, Nq, d]
-  const Elem* K;  // [heads, Nk, d]
-  const Elem* V;  // [heads, Nk, d]
+  const Elem* K;  // [heads / group, Nk, d]
+  const Elem* V;  // [heads / group, Nk, d]
   Elem* O;        // [heads, Nq, d]
   float* L;       // [heads, Nq]
   std::int64_t heads;  // B * H
+  // Query heads per K/V head (H / H_kv; 1 without grouped heads): query head
+  // h reads K/V head h / group, which is kv_head_of(h, H, H_kv) since a
+  // group's heads are consecutive and never straddle two batches. A 32-bit
+  // division: the producer's 32 registers hold no 64-bit one.
+  int group;
   int Nq, Nk, d;
   bool causal;
   // Steps 3-5's units of work (WsCursor; ws_schedule fills them): units
@@ -425,15 +430,16 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
   }
 
   const int head = static_cast<int>(bh);
+  const int kv_head = head / p.group;  // the K/V head of bh's group
   // Step 2: thread 0 issues tile j's copies into buffer b.
   auto issue_kv = [&](int j, int b) {
     sm90::mbarrier_arrive_expect_tx(s.kv_full(b), 2 * C::kKVBytes);
 #pragma unroll
     for (int cb = 0; cb < C::kColBlocks; ++cb) {
       sm90::tma_load_3d(s.Kj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.k, s.kv_full(b),
-                        64 * cb, j * C::kBc, head);
+                        64 * cb, j * C::kBc, kv_head);
       sm90::tma_load_3d(s.Vj(b) + cb * C::kBc * sm90::kSwizzleRowBytes, &maps.v, s.kv_full(b),
-                        64 * cb, j * C::kBc, head);
+                        64 * cb, j * C::kBc, kv_head);
     }
   };
 
@@ -462,8 +468,9 @@ __device__ inline void attend_q_block(const Params<Elem>& p, const TensorMaps& m
     if constexpr (C::kTma) {
       sm90::mbarrier_wait(s.kv_full(b), tiles_done / kStages % 2);         // line 7
     } else {
-      const Elem* Kj = p.K + (bh * p.Nk + key0) * p.d;  // [min(Bc, Nk - key0), d]
-      const Elem* Vj = p.V + (bh * p.Nk + key0) * p.d;  // [min(Bc, Nk - key0), d]
+      const std::int64_t kv_row0 = static_cast<std::int64_t>(kv_head) * p.Nk + key0;
+      const Elem* Kj = p.K + kv_row0 * p.d;  // [min(Bc, Nk - key0), d]
+      const Elem* Vj = p.V + kv_row0 * p.d;  // [min(Bc, Nk - key0), d]
       load_tile<Elem, C::kBc, C::kHeadDim>(s.Kj(0), Kj, p.Nk - key0, p.d, p.vec);
       load_tile<Elem, C::kBc, C::kHeadDim>(s.Vj(0), Vj, p.Nk - key0, p.d, p.vec);
       sm90::fence_proxy_async_shared();  // ordinary stores, then wgmma reads them
@@ -806,8 +813,8 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
                                const WsSmem<C>& s) {
   unsigned tiles = 0, items_done = 0;
   const int Tr = (p.Nq - 1) / C::kBlockRows + 1;
-  // K or V block j of the head into its buffer for the block's tile t, once
-  // the consumers have freed it.
+  // K or V block j of K/V head `head` into its buffer for the block's tile
+  // t, once the consumers have freed it.
   auto copy_tile = [&](const CUtensorMap* map, std::uint64_t* empty, std::uint64_t* full,
                        unsigned char* tile, int j, unsigned t, int head) {
     sm90::mbarrier_wait(empty, t / kStages % 2 ^ 1);
@@ -830,8 +837,9 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
     if constexpr (C::kLpt) item.take_next(p);
     const WsItem it = ws_item<C>(p, Tr, item);
     const int q_row0 = it.row0, n_blocks = it.n_blocks, head = it.head;
+    const int kv_head = head / p.group;  // the K/V head of the item's group
     if constexpr (C::kKAhead) {
-      if (n_blocks > 0) copy_k(n_blocks - 1, tiles, head);  // line 7's first Kj, before Qi
+      if (n_blocks > 0) copy_k(n_blocks - 1, tiles, kv_head);  // line 7's first Kj, before Qi
     }
     sm90::mbarrier_wait(s.q_empty(), items_done % 2 ^ 1);  // line 4
     if constexpr (C::kLpt) *s.item_slot() = item.unit;  // handed over with Qi
@@ -853,14 +861,14 @@ __device__ inline void produce(const Params<Elem>& p, const TensorMaps& maps,
 #pragma unroll 1
     for (int j = n_blocks - 1; j >= 0; --j, ++tiles) {
       if constexpr (!C::kKAhead) {
-        copy_k(j, tiles, head);
-        copy_v(j, tiles, head);
+        copy_k(j, tiles, kv_head);
+        copy_v(j, tiles, kv_head);
       } else if constexpr (C::kPingPong) {
-        if (j > 0) copy_k(j - 1, tiles + 1, head);
-        copy_v(j, tiles, head);
+        if (j > 0) copy_k(j - 1, tiles + 1, kv_head);
+        copy_v(j, tiles, kv_head);
       } else {
-        copy_v(j, tiles, head);
-        if (j > 0) copy_k(j - 1, tiles + 1, head);
+        copy_v(j, tiles, kv_head);
+        if (j > 0) copy_k(j - 1, tiles + 1, kv_head);
       }
     }
   }

@@ -86,6 +86,7 @@ Params<Elem> make_params(const Problem& p, const ForwardTensors& t) {
   prm.O = static_cast<Elem*>(t.O);
   prm.L = t.L;
   prm.heads = p.heads();
+  prm.group = static_cast<int>(p.group());
   prm.Nq = static_cast<int>(p.Nq);
   prm.Nk = static_cast<int>(p.Nk);
   prm.d = static_cast<int>(p.d);
@@ -108,8 +109,8 @@ void launch(const Problem& p, const ForwardTensors& t, Stream stream, const char
   TensorMaps maps{};
   if constexpr (kTma) {
     maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
-    maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d, C::kBc);
-    maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
+    maps.k = make_tensor_map(prm.K, p.B * p.kv_heads(), prm.Nk, prm.d, C::kBc);
+    maps.v = make_tensor_map(prm.V, p.B * p.kv_heads(), prm.Nk, prm.d, C::kBc);
   }
   const std::int64_t Tr = (p.Nq - 1) / kBr + 1;
   const dim3 grid(static_cast<unsigned>(Tr), static_cast<unsigned>(std::min(p.heads(), kMaxGridY)));
@@ -164,13 +165,14 @@ void launch_ws(const Problem& p, const ForwardTensors& t, Stream stream, const c
   prm.paired_units = static_cast<int>(work.paired_units);
   prm.units = static_cast<int>(units);
   if constexpr (C::kLpt) {
-    prm.section_heads = static_cast<int>(std::min(lpt_section_heads(p.Nk, p.d), p.heads()));
+    prm.section_heads =
+        static_cast<int>(std::min(lpt_section_heads(p.Nk, p.d, p.group()), p.heads()));
     prm.item_counter = lpt_counter();
   }
   TensorMaps maps{};
   maps.q = make_tensor_map(prm.Q, p.heads(), prm.Nq, prm.d, kBr);
-  maps.k = make_tensor_map(prm.K, p.heads(), prm.Nk, prm.d, C::kBc);
-  maps.v = make_tensor_map(prm.V, p.heads(), prm.Nk, prm.d, C::kBc);
+  maps.k = make_tensor_map(prm.K, p.B * p.kv_heads(), prm.Nk, prm.d, C::kBc);
+  maps.v = make_tensor_map(prm.V, p.B * p.kv_heads(), prm.Nk, prm.d, C::kBc);
   if constexpr (C::kOutByTma) maps.o = make_tensor_map<Elem>(prm.O, p.heads(), prm.Nq, prm.d, kBr);
   const std::int64_t blocks = std::min<std::int64_t>(device_sm_count(), units);
   launch_with_smem(hopper_ws_kernel<Elem, C>, dim3(static_cast<unsigned>(blocks)), C::kBlockThreads, C::kSmemBytes,

@@ -53,8 +53,8 @@ void attend_q_block(const Problem& p, const HostTensors& t, std::int64_t bh, std
                     bool negate_q, Chip& chip) {
   const std::int64_t d = p.d;
   const float* Qh = t.Q + bh * p.Nq * d;  // [Nq, d]
-  const float* Kh = t.K + bh * p.Nk * d;  // [Nk, d]
-  const float* Vh = t.V + bh * p.Nk * d;  // [Nk, d]
+  const float* Kh = t.K + p.kv_head(bh) * p.Nk * d;  // [Nk, d] of this head's group
+  const float* Vh = t.V + p.kv_head(bh) * p.Nk * d;  // [Nk, d] of this head's group
   const std::int64_t Br = consumers * kBr;
   const std::int64_t Bc = key_tile(head_dim_bucket(d));
   const std::int64_t row0 = i * Br;

@@ -128,6 +128,7 @@ Stage entry(std::string_view name, std::string_view title, std::vector<DType> dt
   s.model = hopper::model<kStep>;
   s.mirror = hopper::mirror<kStep>;
   s.dtypes = std::move(dtypes);
+  s.grouped_heads = true;  // K/V of head bh at bh / (H / H_kv): an index (hopper.cuh, Params::group)
   s.backward_dtypes = {};  // forward only
   s.arch = 90;
   s.arch_built = FLASHSTEP_SM90A_BUILT != 0;

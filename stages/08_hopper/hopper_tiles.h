@@ -110,17 +110,19 @@ constexpr bool producer_copies_k_ahead(Step step, int head_dim_bucket) {
 constexpr bool lpt_schedule(Step step, int head_dim_bucket) {
   return step >= Step::kWarpSpecialized && head_dim_bucket <= 64;
 }
-/// Heads per section of the dynamic order: FlashAttention-3's, the largest
-/// power of two whose K and V (Nk x (d + d) 16-bit elements a head) fit the
-/// 32 MiB of L2 it sets aside for them, at least one. The blocks running at
-/// once then share a section's K and V in L2 (items numbered across all
-/// heads read them from HBM: tuning_08, A/B 2).
+/// Query heads per section of the dynamic order: FlashAttention-3's, the
+/// largest power of two of K/V heads whose K and V (Nk x (d + d) 16-bit
+/// elements a head) fit the 32 MiB of L2 it sets aside for them, at least
+/// one, times the `group` query heads that share each K/V head (its
+/// qhead_per_khead). The blocks running at once then share a section's K and
+/// V in L2 (items numbered across all heads read them from HBM: tuning_08,
+/// A/B 2).
 inline constexpr std::int64_t kLptL2Bytes = std::int64_t{32} * 1024 * 1024;
-constexpr std::int64_t lpt_section_heads(std::int64_t Nk, std::int64_t d) {
-  const std::int64_t head_bytes = Nk * 2 * d * 2;
-  std::int64_t heads = 1;
-  while (2 * heads * head_bytes <= kLptL2Bytes) heads *= 2;
-  return heads;
+constexpr std::int64_t lpt_section_heads(std::int64_t Nk, std::int64_t d, std::int64_t group) {
+  const std::int64_t kv_head_bytes = Nk * 2 * d * 2;
+  std::int64_t kv_heads = 1;
+  while (2 * kv_heads * kv_head_bytes <= kLptL2Bytes) kv_heads *= 2;
+  return kv_heads * group;
 }
 /// Item `unit` of the dynamic order (hopper.cuh, LptCursor): its head and its
 /// rank (Q blocks counted from the last, the heaviest under a causal mask),

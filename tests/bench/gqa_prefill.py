@@ -13,17 +13,20 @@ runs) on the stages with Stage::grouped_heads, each in the type it runs in
 
   fp32  04_fa2_q_outer, 05_sequence_parallel, 06_warp_split_q,
         06_warp_split_k, 09_split_kv
-  bf16  07_tensor_core
+  bf16  07_tensor_core, 08_hopper (on a Hopper GPU; elsewhere it says
+        unavailable and records no row)
 
-Stages 04-07 index the shared K/V head and still read it once per query
+Stages 04-08 index the shared K/V head and still read it once per query
 head (L2 may serve the repeats); stage 09 makes the heads of a group rows of
-one block. Rows go to the output CSV with H_kv and the GPU, driver, date and
+one block. --stage times fewer of them (a flashstep selector), so that a
+call can add one stage's rows with --append. Rows go to the output CSV with H_kv and the GPU, driver, date and
 commit; one progress line per problem and H_kv goes to stderr. Exits 2 on a
 bad argument or a missing flashstep binary, 1 when flashstep finds no GPU, a
 run fails or a check is not ok.
 
     python3 tests/bench/gqa_prefill.py --flashstep build/stages/cli/flashstep \\
-        --out docs/results/gqa_prefill.csv [--N 1024 4096] [--d 64] [--causal no]
+        --out docs/results/gqa_prefill.csv [--N 1024 4096] [--d 64] [--causal no] \\
+        [--stage 08_hopper --append]
 """
 import csv
 import datetime
@@ -41,9 +44,9 @@ from sweep import (HIDDEN, ITERS, LONG_N, ROW_KEY, TOKENS, Parser, add_problem_a
 # runs them all, each in its own type, so the inputs are drawn once a point
 # (at N = 16k that is 10^8 normal samples on the host). Stage 07's ladder
 # steps are left out (07_tensor_core is the stage; the steps are its
-# history), and so is 09_one_block: at these shapes 09_split_kv's rule already
+# history), as are stage 08's, and so is 09_one_block: at these shapes 09_split_kv's rule already
 # picks one split (the B * H_kv row tiles fill the GPU), the same kernel.
-STAGES = "04,05,06,07_tensor_core,09_split_kv"
+STAGES = "04,05,06,07_tensor_core,08_hopper,09_split_kv"
 N_VALUES = [1024, 4096, 16384]
 D_VALUES = [64, 128]
 GROUP = 4          # the grouped case between MHA and MQA: H_kv = H / 4 (Llama-style)
@@ -64,6 +67,8 @@ def parse_args(argv=None):
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--flashstep", required=True, help="path to the flashstep binary")
     ap.add_argument("--out", required=True, help="CSV to write")
+    ap.add_argument("--stage", default=STAGES,
+                    help=f"flashstep's stage selector (default: {STAGES})")
     add_problem_args(ap)
     ap.set_defaults(N=N_VALUES, d=D_VALUES)
     ap.add_argument("--append", action="store_true",
@@ -87,11 +92,11 @@ def problems(args):
                     yield N, d, causal, h_kv
 
 
-def run_point(exe, N, d, causal, h_kv):
+def run_point(exe, stages, N, d, causal, h_kv):
     """flashstep's rows on one problem, and its exit status."""
     B, H = TOKENS // N, HIDDEN // d
     warmup, iters = ITERS["long" if N >= LONG_N else "short"]
-    cmd = [exe, "--stage", STAGES, "--B", str(B), "--H", str(H),
+    cmd = [exe, "--stage", stages, "--B", str(B), "--H", str(H),
            "--H-kv", str(h_kv), "--N", str(N), "--d", str(d), "--format", "csv",
            "--warmup", str(warmup), "--iters", str(iters)]
     if causal:
@@ -107,6 +112,8 @@ def run_point(exe, N, d, causal, h_kv):
         sys.exit(f"gqa_prefill: flashstep found no GPU: {why}; nothing recorded")
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
+    # A stage not built for this GPU (stage 08 off Hopper) has no time to record.
+    rows = [r for r in rows if r["check"] != "unavailable"]
     point = {"B": B, "H": H, "H_kv": h_kv, "Nq": N, "Nk": N, "d": d, "causal": int(causal)}
     return [{**{c: r.get(c, "") for c in COLUMNS}, **point} for r in rows], proc.returncode
 
@@ -119,7 +126,7 @@ def main():
     rows, failures = [], 0
     for k, (N, d, causal, h_kv) in enumerate(points, 1):
         t0 = time.time()
-        got, rc = run_point(args.flashstep, N, d, causal, h_kv)
+        got, rc = run_point(args.flashstep, args.stage, N, d, causal, h_kv)
         failures += rc != 0 or not got
         rows += [{**r, **meta} for r in got]
         print(f"[{k}/{len(points)}] N={N} d={d} causal={int(causal)} H={HIDDEN // d} "

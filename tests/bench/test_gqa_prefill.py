@@ -25,7 +25,8 @@ GPU = {"gpu": "NVIDIA H200", "driver": "580.0", "date": "2026-11-23", "commit": 
 
 # The stand-in: logs its arguments (one JSON list a line) to $FAKE_LOG and
 # prints CSV as flashstep does. $FAKE_MODE: run (checks ok), fail (every check
-# FAIL, exit 1) or model (no GPU: the model's columns, a line on stderr).
+# FAIL, exit 1), hopperless (ok, but stage 08 unavailable) or model (no GPU:
+# the model's columns, a line on stderr).
 FAKE = r'''#!{python}
 import json, os, sys
 args = sys.argv[1:]
@@ -36,7 +37,7 @@ mode = os.environ["FAKE_MODE"]
 
 
 def dtype_of(stage):  # each stage in its own type, as flashstep without --dtype
-    return "bf16" if stage.startswith("07") else "fp32"
+    return "bf16" if stage.startswith(("07", "08")) else "fp32"
 
 
 problem = [opt["--B"], opt["--H"], opt["--N"], opt["--N"], opt["--d"], str(int("--causal" in args))]
@@ -50,11 +51,13 @@ if mode == "model":
 print("stage,dtype,check,max err O,max err L,median ms,p20 ms,p80 ms,TFLOP/s,HBM read,"
       "HBM write,blocks,B,H,Nq,Nk,d,causal,gpu")
 ms = 1 + int(opt["--H"]) / int(opt["--H-kv"]) / 100
-check = "ok" if mode == "run" else "FAIL"
+check = "FAIL" if mode == "fail" else "ok"
 for s in opt["--stage"].split(","):
-    print(",".join([s, dtype_of(s), check, "0", "0", str(ms), str(ms), str(ms), "1", "1", "1",
+    # hopperless: a GPU that is not Hopper, where stage 08 says unavailable.
+    status = "unavailable" if mode == "hopperless" and s.startswith("08") else check
+    print(",".join([s, dtype_of(s), status, "0", "0", str(ms), str(ms), str(ms), "1", "1", "1",
                     "1"] + problem + ["fake GPU"]))
-sys.exit(0 if mode == "run" else 1)
+sys.exit(1 if mode == "fail" else 0)
 '''
 
 
@@ -98,6 +101,8 @@ def script_checks():
         mrc, merr, mrows, _ = run_script(folder, exe, "model", "--N", "1024", "--d", "64")
         missing = run_script(folder, os.path.join(folder, "nope"), "run", name="missing")
         bad_n = run_script(folder, exe, "run", "--N", "3000", name="bad_n")
+        hrc, _, hrows, hcalls = run_script(folder, exe, "hopperless", "--N", "1024", "--d", "64",
+                                           "--causal", "no", "--stage", "07_tensor_core,08_hopper")
         bad_d = run_script(folder, exe, "run", "--d", "100", name="bad_d")
         helped = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True)
         # --append: d = 64 into the run's CSV (its d = 64 rows replaced, d = 128 kept).
@@ -112,7 +117,7 @@ def script_checks():
          heads == {("64", "32", "32"), ("64", "32", "8"), ("64", "32", "1"),
                    ("128", "16", "16"), ("128", "16", "4"), ("128", "16", "1")}),
         ("the stages with grouped heads, each in its own type (no --dtype)",
-         stages == {"04,05,06,07_tensor_core,09_split_kv"} and not typed),
+         stages == {"04,05,06,07_tensor_core,08_hopper,09_split_kv"} and not typed),
         ("the problem passed on: B = 16384/N, --H-kv, --causal, N",
          len(calls) == 12
          and all(c[c.index("--B") + 1] == "16" and "--H-kv" in c and c[c.index("--N") + 1] == "1024"
@@ -121,7 +126,7 @@ def script_checks():
          [(r["stage"], r["dtype"], r["B"], r["Nq"], r["Nk"]) for r in point_rows]
          == [("04", "fp32", "16", "1024", "1024"), ("05", "fp32", "16", "1024", "1024"),
              ("06", "fp32", "16", "1024", "1024"), ("07_tensor_core", "bf16", "16", "1024", "1024"),
-             ("09_split_kv", "fp32", "16", "1024", "1024")]),
+             ("08_hopper", "bf16", "16", "1024", "1024"), ("09_split_kv", "fp32", "16", "1024", "1024")]),
         ("the provenance columns, the commit given",
          rows and all(r["commit"] == "abc123" and r["date"] and "gpu" in r and "driver" in r
                       for r in rows)),
@@ -131,6 +136,10 @@ def script_checks():
          arc == 0 and rows and arows and len(arows) == len(rows)
          and sorted(tuple(r.values()) for r in arows if r["d"] == "128")
          == sorted(tuple(r.values()) for r in rows if r["d"] == "128")),
+        ("--stage: its selector passed on; an unavailable stage (08 off Hopper) leaves no row",
+         hrc == 0 and hcalls and all(c[c.index("--stage") + 1] == "07_tensor_core,08_hopper"
+                                     for c in hcalls)
+         and hrows and {r["stage"] for r in hrows} == {"07_tensor_core"}),
         ("a failed check: exit 1, the rows still written",
          frc == 1 and frows and all(r["check"] == "FAIL" for r in frows)),
         ("no GPU: exit 1, one line that says so, nothing written",
