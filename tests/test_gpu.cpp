@@ -159,7 +159,7 @@ TEST_CASE("grouped-query heads (H / H_kv in 1, 4, 8, 32): the stages that run th
   }
 }
 
-TEST_CASE("stage 08: several K/V tiles and items a block at d = 128, a ragged last tile, causal and not") {
+TEST_CASE("stage 08: several K/V tiles and items a block at d = 128, a ragged last tile, causal and not, grouped heads") {
   // The ragged grid gives stage 08's persistent kernels (steps 3-5) at most
   // two K/V tiles and one item a block at d = 128, so no K/V buffer is
   // filled twice there. Here Nk = 600 keys are 5 tiles of 128 (the last 88
@@ -170,10 +170,20 @@ TEST_CASE("stage 08: several K/V tiles and items a block at d = 128, a ragged la
     if (s->name.substr(0, 3) == "08_") stage08.push_back(s);
   }
   if (stage08.empty()) return;  // the reference below is seconds of CPU time
+  // Each type with a K/V head a query head, then bf16 with grouped heads: 70
+  // query heads on 7 K/V heads (groups of 10), so a block's items change K/V
+  // head within its run of heads.
+  struct Run {
+    DType t;
+    std::int64_t H_kv;
+  };
+  const Run runs[] = {{DType::kBf16, 70}, {DType::kFp16, 70}, {DType::kBf16, 7}};
   std::uint64_t seed = 5000;
   for (bool causal : {false, true}) {
-    for (DType t : {DType::kBf16, DType::kFp16}) {
-      const Problem p = typed(flashstep::test::make_problem(1, 70, 200, 600, 128, causal), t);
+    for (const Run& run : runs) {
+      const DType t = run.t;
+      Problem p = typed(flashstep::test::make_problem(1, 70, 200, 600, 128, causal), t);
+      p.H_kv = run.H_kv;
       const auto in = flashstep::random_inputs(p, seed++);
       const flashstep::ForwardTruth truth = flashstep::forward_truth(p, in);
       for (const Stage* s : stage08) {
