@@ -188,11 +188,12 @@ TEST_CASE("grouped heads: the runners refuse a stage without them in one line") 
                            flashstep::Error);
     }
   }
-  // Stages 04, 05, 06 (split-Q and split-K), 07 and 09 run them: those of
-  // them this build registers (FLASHSTEP_STAGES_ONLY may leave some out).
+  // Stages 04, 05, 06 (split-Q and split-K), 07, 08 and 09 run them: those
+  // of them this build registers (FLASHSTEP_STAGES_ONLY may leave some out).
   for (const Stage& s : flashstep::all_stages()) {
     for (std::string_view name : {"04_fa2_q_outer", "05_sequence_parallel", "06_warp_split_q",
-                                  "06_warp_split_k", "07_tensor_core", "09_split_kv"}) {
+                                  "06_warp_split_k", "07_tensor_core", "08_hopper",
+                                  "09_split_kv"}) {
       if (s.name != name) continue;
       CAPTURE(name);
       CHECK(s.grouped_heads);
@@ -224,7 +225,7 @@ TEST_CASE("grouped heads: the mirrors of the stages that run them match the refe
       const auto c = flashstep::check_forward(p, O.data(), L.data(), flashstep::forward_truth(p, in));
       CHECK_MESSAGE(c.ok(), c.summary());
       flashstep::test::check_counts_equal(counted, s.model(p));
-      // Stages 04-07 have each query head read its group's K/V tiles itself:
+      // Stages 04-08 have each query head read its group's K/V tiles itself:
       // the model counts what the algorithm asks for, as with H_kv = H. Stage
       // 09 reads them once per group (tests/test_split_kv.cpp).
       if (s.name.substr(0, 3) != "09_") CHECK(s.model(p) == s.model(ungrouped(p)));
