@@ -79,7 +79,18 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     check_problem_args(ap, args)
     check_flashstep(ap, args.flashstep)
+    check_stages(ap, args.flashstep, args.stage)
     return args
+
+
+def check_stages(ap, exe, selector):
+    """Refuses, in one line, a --stage that flashstep does not know or that
+    selects no stage with grouped heads: its model, asked once, says which."""
+    proc = subprocess.run([exe, "model", "--stage", selector, "--H", str(GROUP), "--H-kv", "1",
+                           "--format", "csv"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["flashstep refused it"])[-1]
+        ap.error(f"--stage {selector}: {why.removeprefix('flashstep: ')}")
 
 
 def problems(args):

@@ -30,9 +30,14 @@ GPU = {"gpu": "NVIDIA H200", "driver": "580.0", "date": "2026-11-23", "commit": 
 FAKE = r'''#!{python}
 import json, os, sys
 args = sys.argv[1:]
+opt = dict(zip(args, args[1:]))
+if args[0] == "model":  # the script's check of --stage, as flashstep answers it
+    if "nope" in opt["--stage"].split(","):
+        sys.stderr.write("flashstep: unknown stage 'nope' (known: 04_fa2_q_outer, all)\n")
+        sys.exit(2)
+    sys.exit(0)
 with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(json.dumps(args) + "\n")
-opt = dict(zip(args, args[1:]))
 mode = os.environ["FAKE_MODE"]
 
 
@@ -101,6 +106,8 @@ def script_checks():
         mrc, merr, mrows, _ = run_script(folder, exe, "model", "--N", "1024", "--d", "64")
         missing = run_script(folder, os.path.join(folder, "nope"), "run", name="missing")
         bad_n = run_script(folder, exe, "run", "--N", "3000", name="bad_n")
+        bad_stage = run_script(folder, exe, "run", "--stage", "07_tensor_core,nope",
+                               name="bad_stage")
         hrc, _, hrows, hcalls = run_script(folder, exe, "hopperless", "--N", "1024", "--d", "64",
                                            "--causal", "no", "--stage", "07_tensor_core,08_hopper")
         bad_d = run_script(folder, exe, "run", "--d", "100", name="bad_d")
@@ -140,6 +147,9 @@ def script_checks():
          hrc == 0 and hcalls and all(c[c.index("--stage") + 1] == "07_tensor_core,08_hopper"
                                      for c in hcalls)
          and hrows and {r["stage"] for r in hrows} == {"07_tensor_core"}),
+        ("--stage that flashstep refuses: exit 2, one line with its reason, nothing run",
+         bad_stage[0] == 2 and len(bad_stage[1]) == 1 and "unknown stage 'nope'" in bad_stage[1][0]
+         and bad_stage[2] is None and not bad_stage[3]),
         ("a failed check: exit 1, the rows still written",
          frc == 1 and frows and all(r["check"] == "FAIL" for r in frows)),
         ("no GPU: exit 1, one line that says so, nothing written",
