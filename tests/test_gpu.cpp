@@ -159,7 +159,7 @@ TEST_CASE("grouped-query heads (H / H_kv in 1, 4, 8, 32): the stages that run th
   }
 }
 
-TEST_CASE("stage 08: several K/V tiles and items a block at d = 128, a ragged last tile, causal and not, grouped heads") {
+TEST_CASE("stage 08: several K/V tiles and items a block at d = 128, ragged, causal and not, grouped") {
   // The ragged grid gives stage 08's persistent kernels (steps 3-5) at most
   // two K/V tiles and one item a block at d = 128, so no K/V buffer is
   // filled twice there. Here Nk = 600 keys are 5 tiles of 128 (the last 88

@@ -19,9 +19,10 @@ runs) on the stages with Stage::grouped_heads, each in the type it runs in
 Stages 04-08 index the shared K/V head and still read it once per query
 head (L2 may serve the repeats); stage 09 makes the heads of a group rows of
 one block. --stage times fewer of them (a flashstep selector), so that a
-call can add one stage's rows with --append. Rows go to the output CSV with H_kv and the GPU, driver, date and
-commit; one progress line per problem and H_kv goes to stderr. Exits 2 on a
-bad argument or a missing flashstep binary, 1 when flashstep finds no GPU, a
+call can add one stage's rows with --append. Rows go to the output CSV with
+H_kv and the GPU, driver, date and commit; one progress line per problem and
+H_kv goes to stderr. Exits 2 on a bad argument (a --stage flashstep refuses
+among them) or a missing flashstep binary, 1 when flashstep finds no GPU, a
 run fails or a check is not ok.
 
     python3 tests/bench/gqa_prefill.py --flashstep build/stages/cli/flashstep \\
@@ -44,8 +45,9 @@ from sweep import (HIDDEN, ITERS, LONG_N, ROW_KEY, TOKENS, Parser, add_problem_a
 # runs them all, each in its own type, so the inputs are drawn once a point
 # (at N = 16k that is 10^8 normal samples on the host). Stage 07's ladder
 # steps are left out (07_tensor_core is the stage; the steps are its
-# history), as are stage 08's, and so is 09_one_block: at these shapes 09_split_kv's rule already
-# picks one split (the B * H_kv row tiles fill the GPU), the same kernel.
+# history), as are stage 08's, and so is 09_one_block: at these shapes
+# 09_split_kv's rule already picks one split (the B * H_kv row tiles fill the
+# GPU), the same kernel.
 STAGES = "04,05,06,07_tensor_core,08_hopper,09_split_kv"
 N_VALUES = [1024, 4096, 16384]
 D_VALUES = [64, 128]

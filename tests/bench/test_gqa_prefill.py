@@ -133,7 +133,8 @@ def script_checks():
          [(r["stage"], r["dtype"], r["B"], r["Nq"], r["Nk"]) for r in point_rows]
          == [("04", "fp32", "16", "1024", "1024"), ("05", "fp32", "16", "1024", "1024"),
              ("06", "fp32", "16", "1024", "1024"), ("07_tensor_core", "bf16", "16", "1024", "1024"),
-             ("08_hopper", "bf16", "16", "1024", "1024"), ("09_split_kv", "fp32", "16", "1024", "1024")]),
+             ("08_hopper", "bf16", "16", "1024", "1024"),
+             ("09_split_kv", "fp32", "16", "1024", "1024")]),
         ("the provenance columns, the commit given",
          rows and all(r["commit"] == "abc123" and r["date"] and "gpu" in r and "driver" in r
                       for r in rows)),
