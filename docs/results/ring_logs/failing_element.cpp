@@ -1,25 +1,28 @@
 // Stage 10's failing element at N = 2,097,152 (call2_ring_strong.log), emulated on the CPU:
-// row 1048576 of head 3, B = 1, H = 8, d = 128, causal, inputs as flashstep's
-// random_inputs(p, 0) (mt19937_64, normal(0.5, 1) floats: Q, then K, then V) rounded to bf16.
-// Prints, for columns 0..3, the fp64 reference, the merge of the three chunk partials in fp64,
-// and the merge of the partials rounded to bf16 (each then rounded to bf16 too). Build without
-// -march=native (FMA contraction changes the normal draws): g++ -O2 failing_element.cpp
+// row 1048576 of head 3, B = 1, H = 8, d = 128, causal, the inputs of flashstep's
+// random_inputs(p, 0) rounded to bf16 by the project's round_to_dtype. Prints, for columns
+// 0..3, the fp64 reference, the merge of the three chunk partials in fp64, and the merge of the
+// partials rounded to bf16 (each then rounded to bf16 too).
+// The draws are random_inputs' (mt19937_64, normal(kInputMean, 1) floats: Q, then K, then V),
+// streamed here rather than called: random_inputs would hold all of Q, K and V, 25.8 GB at
+// this size, and this row needs one Q row and 1 GB of its head's K and V. Build from the
+// repository root, without -march=native (FMA contraction changes the normal draws):
+//   g++ -O2 -I stages docs/results/ring_logs/failing_element.cpp stages/common/rounding.cpp
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
-static float bf16(float x) {
-  std::uint32_t b; std::memcpy(&b, &x, 4);
-  b += 0x7FFF + ((b >> 16) & 1); b &= 0xFFFF0000u;
-  float y; std::memcpy(&y, &b, 4); return y;
-}
+
+#include "common/check.h"
+#include "common/rounding.h"
+static float bf16(float x) { return flashstep::round_to_dtype(flashstep::DType::kBf16, x); }
 int main() {
   const std::int64_t H = 8, N = std::int64_t{1} << 21, d = 128, h = 3, i = 1048576;
   const std::int64_t visible = i + 1, chunk = N / 4;
   std::mt19937_64 rng(0);
-  std::normal_distribution<float> dist(0.5f, 1.0f);
+  std::normal_distribution<float> dist(flashstep::kInputMean, 1.0f);
   std::vector<float> q(d), K(visible * d), V(visible * d);
   const std::int64_t elems = H * N * d;
   const std::int64_t q_at = (h * N + i) * d, kv_at = h * N * d;

@@ -153,7 +153,8 @@ def run(seed):
         # progress detection crude: reset when any barrier changes -> skip; use large bound
     if any(t.pending for t in T): return (seed,mode,nc,items,'LEFTOVER')
     return None
-bad=[r for r in (run(s) for s in range(3000)) if r]
-print(len(bad)); print(bad[:3])
-SLOT_BEFORE_Q_EMPTY=True
-print(len([r for r in (run(s) for s in range(3000)) if r]))
+if __name__ == '__main__':  # merge_model.py imports Bar and Turn
+    bad=[r for r in (run(s) for s in range(3000)) if r]
+    print(len(bad)); print(bad[:3])
+    SLOT_BEFORE_Q_EMPTY=True
+    print(len([r for r in (run(s) for s in range(3000)) if r]))

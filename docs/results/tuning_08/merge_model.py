@@ -10,15 +10,7 @@
 # runs of the planted fault (a merge decided per consumer, so that the two
 # take different numbers of turns: > 0).
 import random
-KS = 2
-class Bar:
-    def __init__(s, count): s.count = count; s.arr = 0; s.phase = 0
-    def arrive(s):
-        s.arr += 1
-        if s.arr == s.count: s.arr = 0; s.phase += 1
-    def done(s, parity): return (s.phase % 2) != parity
-class Turn:
-    def __init__(s): s.pending = 0
+from handover_model import KS, Bar, Turn  # its mbarriers and turn counters
 PER_CONSUMER_MERGE = False  # the planted fault
 def producer(B, items):
     def copy(kind, t):
