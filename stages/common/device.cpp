@@ -265,6 +265,12 @@ Timing DeviceRun::time(int warmup, int iterations) {
 }
 
 Timing DeviceRun::time_launches(int warmup, int iterations, void (DeviceRun::*launch_fn)()) {
+  return time_calls([&] { (this->*launch_fn)(); }, warmup, iterations,
+                    "stage " + std::string(stage_.name));
+}
+
+Timing time_calls(const std::function<void()>& launch, int warmup, int iterations,
+                  const std::string& what) {
   if (iterations < 1) throw Error("iterations must be >= 1");
   const std::int64_t flush_bytes = kL2FlushFactor * device_info().l2_bytes;
   void* flush = device_alloc<void>(l2_flush_allocation(flush_bytes), "cudaMalloc L2 flush buffer");
@@ -274,13 +280,13 @@ Timing DeviceRun::time_launches(int warmup, int iterations, void (DeviceRun::*la
     zero_l2_flush_buffer(flush, flush_bytes);
     cuda_check(cudaEventCreate(&start), "cudaEventCreate");
     cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
-    for (int k = 0; k < warmup; ++k) (this->*launch_fn)();
+    for (int k = 0; k < warmup; ++k) launch();
     for (int k = 0; k < iterations; ++k) {
       flush_l2(flush, flush_bytes, nullptr);
       cuda_check(cudaEventRecord(start), "cudaEventRecord");
-      (this->*launch_fn)();
+      launch();
       cuda_check(cudaEventRecord(stop), "cudaEventRecord");
-      cuda_check(cudaEventSynchronize(stop), std::string("stage " + std::string(stage_.name)).c_str());
+      cuda_check(cudaEventSynchronize(stop), what.c_str());
       cuda_check(cudaEventElapsedTime(&ms[static_cast<size_t>(k)], start, stop),
                  "cudaEventElapsedTime");
     }

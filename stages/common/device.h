@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,14 @@ struct Timing {
   double p80_ms = 0.0;     ///< 80th percentile
   int iterations = 0;      ///< timed iterations
 };
+
+/// `warmup` untimed calls of `launch` (which enqueues work on the default
+/// stream), then `iterations` calls each timed with CUDA events, with L2
+/// flushed (a buffer twice its size read: flush_l2) before each: the timing
+/// every run of the CLI and the bench tools takes. `what` names the work in
+/// an error.
+Timing time_calls(const std::function<void()>& launch, int warmup, int iterations,
+                  const std::string& what);
 
 /// Device buffers for one stage on one problem: allocated once (after checking
 /// that the stage runs in p.dtype and that they fit in free device memory,

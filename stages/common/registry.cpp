@@ -1,20 +1,10 @@
-// The host functions stage.h declares: selecting stages, the float4 check.
-#include <cstdint>
+// The host functions stage.h declares for the registry: selecting stages.
 #include <string>
 
 #include "error.h"
 #include "stage.h"
 
 namespace flashstep {
-
-bool float4_ok(const Problem& p, const ForwardTensors& t) {
-  constexpr std::int64_t kFloat4Bytes = 16;
-  auto aligned = [](const void* ptr) {
-    return reinterpret_cast<std::uintptr_t>(ptr) % kFloat4Bytes == 0;
-  };
-  return p.d * p.elem_bytes() % kFloat4Bytes == 0 && aligned(t.Q) && aligned(t.K) &&
-         aligned(t.V) && aligned(t.O);
-}
 
 std::vector<const Stage*> select_stages(std::string_view selector) {
   std::vector<const Stage*> out;

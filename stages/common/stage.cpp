@@ -1,12 +1,24 @@
-// The element types a stage runs in (stage.h). In flashstep_common, beside
-// the runner that checks them, rather than with the registry.
+// The element types a stage runs in and the float4 check (stage.h). In
+// flashstep_common, beside the runner that checks them and the stages'
+// launchers that call float4_ok, rather than with the registry: a program
+// that links one stage's launcher alone (a bench tool) finds them.
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "error.h"
 #include "stage.h"
 
 namespace flashstep {
+
+bool float4_ok(const Problem& p, const ForwardTensors& t) {
+  constexpr std::int64_t kFloat4Bytes = 16;
+  auto aligned = [](const void* ptr) {
+    return reinterpret_cast<std::uintptr_t>(ptr) % kFloat4Bytes == 0;
+  };
+  return p.d * p.elem_bytes() % kFloat4Bytes == 0 && aligned(t.Q) && aligned(t.K) &&
+         aligned(t.V) && aligned(t.O);
+}
 
 bool Stage::supports(DType t) const {
   return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
