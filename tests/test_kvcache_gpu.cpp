@@ -1,7 +1,7 @@
 // Stage 09's KV cache on the GPU (a test case of test_gpu, built when stage
 // 09 is): forward_kvcache with sequence lengths that differ across the batch,
 // in fp32 and in the 16-bit types, against each sequence's own fp64 problem,
-// outputs poisoned first.
+// outputs poisoned first; contiguous, and paged with new tokens appended.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -13,7 +13,9 @@
 #include "09_split_kv/split_kv.h"
 #include "common/check.h"
 #include "common/device.h"
+#include "common/rounding.h"
 #include "common/stage.h"
+#include "kvcache_fixture.h"
 #include "shapes.h"
 
 using flashstep::DType;
@@ -117,6 +119,113 @@ TEST_CASE("stage 09's KV cache: per-sequence lengths (0, 1, capacity, ragged), s
                                                       got_L.data() + b * rows_seq,
                                                       flashstep::forward_truth(one, seq));
               CHECK_MESSAGE(c.ok(), c.summary());
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The paged cache and the append on the GPU: pages in a shuffled order with
+// NaN pages no table names (a stray read shows), both split kernels (fp32
+// and the 16-bit one, each compiled for the paged layout), every bucket and
+// a ragged d, page sizes of one and four granules; each sequence against the
+// fp64 reference on its cached keys then its new ones, and the pool read
+// back afterwards: the new tokens where the block table puts them.
+TEST_CASE("stage 09's KV cache, paged and appended to (shuffled pages, NaN spares), split and one block") {
+  if (!gpu_test_selects("09_split_kv")) return;
+  const std::vector<std::int64_t> before = {0, 1, 700, 17, 751, 256, 333};
+  const std::vector<std::int32_t> before32(before.begin(), before.end());
+  const std::int64_t capacity = 768;
+  struct TypedD {
+    DType t;
+    std::int64_t d;
+  };
+  const TypedD cases[] = {{DType::kFp32, 128}, {DType::kFp32, 64}, {DType::kBf16, 128},
+                          {DType::kBf16, 64}, {DType::kFp16, 256}, {DType::kBf16, 59}};
+  struct Heads {
+    std::int64_t H, H_kv;
+  };
+  const Heads heads[] = {{8, 1}, {8, 8}, {32, 4}};
+  std::uint64_t seed = 9000;
+  for (const TypedD& td : cases) {
+    for (std::int64_t page_keys : {64, 256}) {
+      for (std::int64_t Nq : {1, 16}) {
+        for (const Heads& hk : heads) {
+          for (bool causal : {false, true}) {
+            for (bool append : {false, true}) {
+              Problem p = flashstep::test::make_problem(static_cast<std::int64_t>(before.size()),
+                                                        hk.H, Nq, capacity, td.d, causal);
+              p.H_kv = hk.H_kv;
+              p.dtype = td.t;
+              const bool split = (seed % 2) == 0;  // both, across the cases
+              CAPTURE(p.describe());
+              CAPTURE(page_keys);
+              CAPTURE(append);
+              CAPTURE(split);
+              const std::int64_t E = p.elem_bytes();
+              auto in = flashstep::random_inputs(p, seed++);
+              Problem fresh = p;  // the new tokens: [B, H_kv, Nq, d]
+              fresh.Nk = Nq;
+              const auto added = flashstep::random_inputs(fresh, seed++);
+              const auto paged = flashstep::test::page_cache(p, in.K, in.V, page_keys, seed++);
+              const auto pool = static_cast<std::int64_t>(paged.K.size());
+              DeviceBuffer<char> Q(in.Q.size() * E), K(paged.K.size() * E), V(paged.V.size() * E),
+                  O(in.Q.size() * E), K_new(added.K.size() * E), V_new(added.V.size() * E);
+              DeviceBuffer<float> L(static_cast<size_t>(p.lse_elems()));
+              DeviceBuffer<std::int32_t> lens(before.size()), table(paged.table.size());
+              DeviceBuffer<char> work(static_cast<size_t>(flashstep::split_kv::workspace_bytes(p)));
+              flashstep::copy_to_device(Q.ptr, in.Q.data(), p.q_elems(), p.dtype, "copy Q");
+              flashstep::copy_to_device(K.ptr, paged.K.data(), pool, p.dtype, "copy K");
+              flashstep::copy_to_device(V.ptr, paged.V.data(), pool, p.dtype, "copy V");
+              flashstep::copy_to_device(K_new.ptr, added.K.data(), fresh.kv_elems(), p.dtype, "copy K_new");
+              flashstep::copy_to_device(V_new.ptr, added.V.data(), fresh.kv_elems(), p.dtype, "copy V_new");
+              REQUIRE(cudaMemcpy(lens.ptr, before32.data(), before32.size() * 4, cudaMemcpyHostToDevice) ==
+                      cudaSuccess);
+              REQUIRE(cudaMemcpy(table.ptr, paged.table.data(), paged.table.size() * 4,
+                                 cudaMemcpyHostToDevice) == cudaSuccess);
+              REQUIRE(cudaMemset(O.ptr, 0xFF, in.Q.size() * E) == cudaSuccess);  // NaN: every element must be written
+              REQUIRE(cudaMemset(L.ptr, 0xFF, static_cast<size_t>(p.lse_elems()) * 4) == cudaSuccess);
+              flashstep::ForwardTensors t;
+              t.Q = Q.ptr;
+              t.O = O.ptr;
+              t.L = L.ptr;
+              t.workspace = work.ptr;
+              flashstep::split_kv::KvCache cache;
+              cache.K = K.ptr;
+              cache.V = V.ptr;
+              cache.seqlens = lens.ptr;
+              cache.layout = {table.ptr, paged.pages_per_seq, page_keys};
+              cache.K_new = append ? K_new.ptr : nullptr;
+              cache.V_new = append ? V_new.ptr : nullptr;
+              flashstep::split_kv::forward_kvcache(p, t, cache, nullptr, split);
+              REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+              std::vector<float> got_O, got_L, got_K;
+              flashstep::copy_to_host(got_O, O.ptr, p.q_elems(), p.dtype, "copy O");
+              flashstep::copy_to_host(got_L, L.ptr, p.lse_elems(), DType::kFp32, "copy L");
+              std::vector<std::int64_t> keys = before;
+              if (append) {
+                flashstep::test::append_contiguous(p, in.K, in.V, added.K, added.V, before);
+                for (std::int64_t& n : keys) n += Nq;
+              }
+              flashstep::test::check_sequences(p, in.Q, in.K, in.V, keys, got_O.data(), got_L.data());
+              if (append) {  // the pool holds the new tokens (rounded to p.dtype) where the table says
+                flashstep::copy_to_host(got_K, K.ptr, pool, p.dtype, "copy K back");
+                std::int64_t wrong = 0;
+                for (std::int64_t b = 0; b < p.B; ++b) {
+                  for (std::int64_t h = 0; h < p.kv_heads(); ++h) {
+                    for (std::int64_t i = 0; i < Nq; ++i) {
+                      const float* got = flashstep::test::paged_key(p, paged, got_K, b, h, before[b] + i);
+                      const float* want = added.K.data() + ((b * p.kv_heads() + h) * Nq + i) * p.d;
+                      for (std::int64_t c = 0; c < p.d; ++c) {
+                        wrong += got[c] != flashstep::round_to_dtype(p.dtype, want[c]);
+                      }
+                    }
+                  }
+                }
+                CHECK(wrong == 0);
+              }
             }
           }
         }

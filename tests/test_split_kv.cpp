@@ -1,12 +1,13 @@
 // Stage 09 on the CPU: the split rule by hand, the split kernel's mirror and
 // its merge against the fp64 reference on ragged decoding shapes at several
 // split counts, the model's counts, and the KV cache with lengths that differ
-// across the batch.
+// across the batch, contiguous or paged, with new tokens appended.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/reference.h"
 #include "common/rounding.h"
 #include "check_cost.h"
+#include "kvcache_fixture.h"
 #include "shapes.h"
 
 using flashstep::Problem;
@@ -516,5 +518,143 @@ TEST_CASE("stage 09 in fp32: the wide layout from 9 rows a group, each warp's ro
     p.H_kv = pt.H_kv;
     CAPTURE(p.describe());
     CHECK(sk::fp32_wide(sk::make_plan(p, sk::kModelSmCount).group_rows) == pt.wide);
+  }
+}
+
+TEST_CASE("stage 09's KV cache: the cache rows of a contiguous and a paged layout") {
+  const Problem p = flashstep::test::make_problem(3, 4, 1, 256, 8, false);
+  // Contiguous: [B, H_kv, Nk, d], row kvh Nk + key.
+  for (std::int64_t kvh : {0, 5, 11}) {
+    for (std::int64_t key : {0, 63, 64, 255}) CHECK(sk::cache_row({}, kvh, 4, 256, key) == kvh * 256 + key);
+  }
+  // Paged: pages of 64 keys, sequence b's pages from its row of the table;
+  // every (sequence, head, key) lands on its own row of the pool, and a
+  // page's keys on consecutive rows.
+  const std::vector<std::int32_t> table = {7, 2, 9, 0, 1, 3, 4, 5, 6, 8, 10, 11};  // [3, 4]
+  const sk::CacheLayout paged{table.data(), 4, 64};
+  std::vector<int> hits(12 * 4 * 64, 0);
+  for (std::int64_t kvh = 0; kvh < p.B * 4; ++kvh) {
+    for (std::int64_t key = 0; key < 256; ++key) {
+      const std::int64_t row = sk::cache_row(paged, kvh, 4, 256, key);
+      const std::int64_t page = table[static_cast<size_t>(kvh / 4 * 4 + key / 64)];
+      CHECK(row == (page * 4 + kvh % 4) * 64 + key % 64);
+      ++hits[static_cast<size_t>(row)];
+    }
+  }
+  CHECK(std::count(hits.begin(), hits.end(), 1) == static_cast<std::ptrdiff_t>(hits.size()));
+}
+
+TEST_CASE("stage 09's paged plan deals the keys out in whole pages' granules, so no tile straddles two") {
+  for (std::int64_t Nk : {64, 320, 4096, 65536, 524288}) {
+    for (std::int64_t H_kv : {1, 8, 32}) {
+      Problem p = flashstep::test::make_problem(1, 32, 1, Nk, 128, false);
+      p.H_kv = H_kv;
+      p.dtype = flashstep::DType::kBf16;
+      CAPTURE(p.describe());
+      const sk::Plan plan = sk::make_plan(p, sk::kModelSmCount, true, true);
+      CHECK(plan.keys_per_split % sk::kPageKeyMultiple == 0);
+      CHECK(plan.splits * plan.keys_per_split >= Nk);
+      CHECK((plan.splits - 1) * plan.keys_per_split < Nk);  // no split is empty
+      CHECK(plan.splits <= sk::max_splits(p));               // the workspace holds them
+    }
+  }
+}
+
+TEST_CASE("stage 09's KV cache refuses a layout it cannot read, one clear error each") {
+  const Problem p = flashstep::test::make_problem(2, 4, 1, 256, 64, false);
+  std::vector<float> Q(static_cast<size_t>(p.q_elems())), O(Q.size()), L(static_cast<size_t>(p.lse_elems()));
+  std::vector<float> K(static_cast<size_t>(p.kv_elems())), V(K.size());
+  const std::vector<std::int64_t> lens = {10, 20};
+  const std::vector<std::int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7};
+  const flashstep::HostTensors t{Q.data(), nullptr, nullptr, O.data(), L.data()};
+  auto message = [&](sk::HostKvCache cache, flashstep::HostTensors with = {}) {
+    if (!with.Q) with = t;
+    try {
+      sk::mirror_kvcache(p, with, cache, sk::kModelSmCount);
+    } catch (const flashstep::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const sk::HostKvCache ok{K.data(), V.data(), lens.data(), {}, nullptr, nullptr};
+  CHECK(message(ok) == "no error");
+  CHECK(message(ok, {Q.data(), K.data(), V.data(), O.data(), L.data()}).find("must be null") !=
+        std::string::npos);
+  sk::HostKvCache bad = ok;
+  bad.K_new = K.data();
+  CHECK(message(bad).find("K_new and V_new go together") != std::string::npos);
+  bad = ok;
+  bad.layout = {table.data(), 8, 32};
+  CHECK(message(bad).find("page_keys 32 must be a positive multiple of 64") != std::string::npos);
+  bad.layout = {table.data(), 2, 64};
+  CHECK(message(bad).find("must be the capacity Nk 256") != std::string::npos);
+  bad.layout = {nullptr, 4, 64};
+  CHECK(message(bad).find("without a block table") != std::string::npos);
+  bad = ok;
+  bad.seqlens = nullptr;
+  CHECK(message(bad).find("null cache_seqlens") != std::string::npos);
+}
+
+// A paged cache with pages in a shuffled order and NaN pages no table names,
+// the new tokens appended first: each sequence against the fp64 reference
+// on its cached keys and then its new ones, and the pages afterwards hold the
+// new tokens where the block table puts them.
+TEST_CASE("stage 09's KV cache, paged and appended to: the mirror against fp64, sequence by sequence") {
+  // Lengths before the call: empty, one key, ragged, on a page's edge, and
+  // 447 + 16 new keys still inside the capacity of 512.
+  const std::vector<std::int64_t> before = {0, 1, 300, 17, 447, 128};
+  const std::int64_t capacity = 512;
+  std::uint64_t seed = 400;
+  for (flashstep::DType type : {flashstep::DType::kFp32, flashstep::DType::kBf16}) {
+    for (std::int64_t page_keys : {64, 256}) {
+      for (std::int64_t Nq : {1, 16}) {
+        for (bool causal : {false, true}) {
+          for (bool append : {false, true}) {
+            Problem p = flashstep::test::make_problem(static_cast<std::int64_t>(before.size()), 8,
+                                                      Nq, capacity, 64, causal);
+            p.H_kv = 2;
+            p.dtype = type;
+            CAPTURE(p.describe());
+            CAPTURE(page_keys);
+            CAPTURE(append);
+            auto in = flashstep::random_inputs(p, seed++);
+            Problem fresh = p;  // the new tokens: [B, H_kv, Nq, d]
+            fresh.Nk = Nq;
+            auto added = flashstep::random_inputs(fresh, seed++);
+            round_inputs(p, in);
+            round_inputs(fresh, added);
+            const auto paged = flashstep::test::page_cache(p, in.K, in.V, page_keys, seed++);
+            std::vector<float> pool_K = paged.K, pool_V = paged.V;
+            std::vector<std::int64_t> keys = before;
+            if (append) {
+              flashstep::test::append_contiguous(p, in.K, in.V, added.K, added.V, before);
+              for (std::int64_t& n : keys) n += Nq;
+            }
+            std::vector<float> O(static_cast<size_t>(p.q_elems()), NAN);
+            std::vector<float> L(static_cast<size_t>(p.lse_elems()), NAN);
+            sk::HostKvCache cache{pool_K.data(), pool_V.data(), before.data(),
+                                  {paged.table.data(), paged.pages_per_seq, page_keys},
+                                  append ? added.K.data() : nullptr,
+                                  append ? added.V.data() : nullptr};
+            sk::mirror_kvcache(p, {in.Q.data(), nullptr, nullptr, O.data(), L.data()}, cache,
+                               sk::kModelSmCount);
+            flashstep::test::check_sequences(p, in.Q, in.K, in.V, keys, O.data(), L.data());
+            if (append) {  // the pool holds the new tokens at keys before[b] ..
+              std::int64_t wrong = 0;
+              for (std::int64_t b = 0; b < p.B; ++b) {
+                for (std::int64_t h = 0; h < p.kv_heads(); ++h) {
+                  for (std::int64_t i = 0; i < Nq; ++i) {
+                    const float* got = flashstep::test::paged_key(p, paged, pool_K, b, h, before[b] + i);
+                    const float* want = added.K.data() + ((b * p.kv_heads() + h) * Nq + i) * p.d;
+                    wrong += !std::equal(want, want + p.d, got);
+                  }
+                }
+              }
+              CHECK(wrong == 0);
+            }
+          }
+        }
+      }
+    }
   }
 }

@@ -70,13 +70,15 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <typename Elem>
 struct Params {
   const Elem* Q;        // [B, H, Nq, d]
-  const Elem* K;        // [B, H_kv, Nk, d]
-  const Elem* V;        // [B, H_kv, Nk, d]
+  const Elem* K;        // [B, H_kv, Nk, d], or paged [pages, H_kv, page_keys, d] (cache)
+  const Elem* V;        // the same layout as K
   Elem* O;              // [B, H, Nq, d]
   float* L;             // [B, H, Nq]
   float* O_part;        // [splits, B * H, Nq, d], with splits > 1
   float* L_part;        // [splits, B * H, Nq], with splits > 1
   const std::int32_t* seqlens;  // [B] keys of each sequence (KV cache), or null: Nk each
+  CacheLayout cache;            // where K and V keep their keys: contiguous or paged
+  int new_keys;                 // keys appended to each sequence before this call: 0 or Nq
   std::int64_t H, H_kv;
   std::int64_t kv_heads;  // B * H_kv
   std::int64_t heads;     // B * H
@@ -245,16 +247,38 @@ __device__ __forceinline__ void wait_for_split_kernel() {
 #endif
 }
 
-// Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 into the
-// buffers Ks [kBc][kKStride] and Vs [kBc][kD]: 16-byte cp.async chunks with
-// p.vec, else element by element through registers. Keys past k_hi and columns past d are zero: a zero V row
-// times a zero P~ adds nothing (stale data there could be NaN).
-template <int kD, typename Elem>
-__device__ void load_kv_tile(const Params<Elem>& p, const Elem* K, const Elem* V, int kt, int k_hi,
-                             Elem* Ks, Elem* Vs) {
+// Keys a sequence of the batch holds: its cache length plus the keys appended
+// in this call, clamped to the cache (so no read leaves it), or all Nk.
+template <typename Elem>
+__device__ int sequence_keys(const Params<Elem>& p, std::int64_t b) {
+  return p.seqlens ? min(max(p.seqlens[b] + p.new_keys, 0), p.Nk) : p.Nk;
+}
+
+// The first of a K/V tile's rows in the cache: key kt of K/V head kvh. A
+// tile's keys are consecutive rows from there, in either layout: with a
+// paged cache every tile lies inside one page (kPageKeyMultiple). The split
+// kernels are compiled for each layout (kPaged), so that the contiguous one
+// carries none of the page lookup: with it in every kernel, the 16-bit
+// kernel at d = 64, held to 168 registers, spilled 64 bytes where it
+// spilled 24.
+template <bool kPaged, typename Elem>
+__device__ std::int64_t tile_offset(const Params<Elem>& p, std::int64_t kvh, int kt) {
+  if constexpr (kPaged) return cache_row(p.cache, kvh, p.H_kv, p.Nk, kt) * p.d;
+  return (kvh * p.Nk + kt) * p.d;
+}
+
+// Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 of K/V
+// head kvh into the buffers Ks [kBc][kKStride] and Vs [kBc][kD]: 16-byte
+// cp.async chunks with p.vec, else element by element through registers.
+// Keys past k_hi and columns past d are zero: a zero V row times a zero P~
+// adds nothing (stale data there could be NaN).
+template <int kD, bool kPaged, typename Elem>
+__device__ void load_kv_tile(const Params<Elem>& p, std::int64_t kvh, int kt, int k_hi, Elem* Ks,
+                             Elem* Vs) {
   using S = Smem<kD, Elem>;
-  const Elem* Kt = K + static_cast<std::int64_t>(kt) * p.d;  // [keys, d]: contiguous
-  const Elem* Vt = V + static_cast<std::int64_t>(kt) * p.d;
+  const std::int64_t at = tile_offset<kPaged>(p, kvh, kt);
+  const Elem* Kt = p.K + at;  // [keys, d]: contiguous
+  const Elem* Vt = p.V + at;
   const int keys = min(kBc, k_hi - kt);
   if (p.vec) {
     constexpr int kChunks = kD / S::kChunk;  // 16-byte chunks a row
@@ -276,8 +300,8 @@ __device__ void load_kv_tile(const Params<Elem>& p, const Elem* K, const Elem* V
 
 // The fp32 split kernel on the CUDA cores, with register tiles of kTileRows
 // rows (Fp32Tiles): each value a thread loads from shared memory feeds
-// several FFMAs, as in an SGEMM.
-template <int kD, int kTileRows, typename Elem>
+// several FFMAs, as in an SGEMM. kPaged: the cache is paged (tile_offset).
+template <int kD, int kTileRows, bool kPaged, typename Elem>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
     split_kernel(const Params<Elem> p) {
   using S = Smem<kD, Elem>;
@@ -301,12 +325,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
   let_merge_launch();
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
-    const std::int64_t b = kvh / p.H_kv;
-    // The sequence's keys: its cache length (clamped to the cache, so no read
-    // leaves it), or all Nk.
-    const int nk = p.seqlens ? min(max(p.seqlens[b], 0), p.Nk) : p.Nk;
-    const Elem* K = p.K + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
-    const Elem* V = p.V + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
+    const int nk = sequence_keys(p, kvh / p.H_kv);
     for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
       const std::int64_t tile = u / p.splits;
       const std::int64_t s = u % p.splits;
@@ -322,8 +341,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
       // of the tile, zero past `rows` and past d, are loaded beside them.
       for (int t = 0; t < kStages - 1; ++t) {
         if (t < tiles) {
-          load_kv_tile<kD, Elem>(p, K, V, k_lo + t * kBc, k_hi, Ks + t * kBc * S::kKStride,
-                                 Vs + t * kBc * kD);
+          load_kv_tile<kD, kPaged, Elem>(p, kvh, k_lo + t * kBc, k_hi,
+                                         Ks + t * kBc * S::kKStride, Vs + t * kBc * kD);
         }
         sm80::cp_async_commit();
       }
@@ -367,8 +386,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
         const int ahead = t + kStages - 1;
         if (ahead < tiles) {
           const int buf = ahead % kStages;
-          load_kv_tile<kD, Elem>(p, K, V, k_lo + ahead * kBc, k_hi, Ks + buf * kBc * S::kKStride,
-                                 Vs + buf * kBc * kD);
+          load_kv_tile<kD, kPaged, Elem>(p, kvh, k_lo + ahead * kBc, k_hi,
+                                         Ks + buf * kBc * S::kKStride, Vs + buf * kBc * kD);
         }
         sm80::cp_async_commit();
         sm80::cp_async_wait<kStages - 1>();
@@ -600,8 +619,8 @@ struct MmaTiles {
 
 /// The split kernel for 16-bit Elem (__nv_bfloat16 or __half), bound to the
 /// blocks an SM holds that the split rule counts on (resident_blocks, the
-/// same for both 16-bit types).
-template <int kD, typename Elem>
+/// same for both 16-bit types). kPaged: the cache is paged (tile_offset).
+template <int kD, bool kPaged, typename Elem>
 __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType::kBf16, kD))
     split_mma_kernel(const Params<Elem> p) {
   using T = MmaTiles<kD>;
@@ -637,10 +656,7 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
   let_merge_launch();
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
-    const std::int64_t b = kvh / p.H_kv;
-    const int nk = p.seqlens ? min(max(p.seqlens[b], 0), p.Nk) : p.Nk;
-    const Elem* K = p.K + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
-    const Elem* V = p.V + kvh * p.Nk * p.d;  // [Nk, d] of this K/V head
+    const int nk = sequence_keys(p, kvh / p.H_kv);
     // The group's rows r = g Nq + i are consecutive rows of Q and O: its
     // query heads are consecutive (query_head).
     const std::int64_t row_base = query_head(kvh, 0, p.H, p.H_kv) * p.Nq;
@@ -665,16 +681,15 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
         const int kt = k_lo + tt * T::kTileKeys;
         Elem* Kt = Ks + tt % T::kStages * T::kTileKeys * kD;  // [kTileKeys][kD]
         Elem* Vt = Vs + tt % T::kStages * T::kTileKeys * kD;  // [kTileKeys][kD]
+        const std::int64_t at = tile_offset<kPaged>(p, kvh, kt);
         if (full_width && k_hi - kt >= T::kTileKeys) {
-          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(
-              Kt, K + static_cast<std::int64_t>(kt) * kD);
-          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(
-              Vt, V + static_cast<std::int64_t>(kt) * kD);
+          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(Kt, p.K + at);
+          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(Vt, p.V + at);
         } else {
-          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(
-              Kt, K + static_cast<std::int64_t>(kt) * p.d, k_hi - kt, p.d, p.vec);
-          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(
-              Vt, V + static_cast<std::int64_t>(kt) * p.d, k_hi - kt, p.d, p.vec);
+          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(Kt, p.K + at, k_hi - kt,
+                                                                          p.d, p.vec);
+          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(Vt, p.V + at, k_hi - kt,
+                                                                          p.d, p.vec);
         }
       };
 
@@ -1238,25 +1253,30 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
 
 // The fp32 kernel for a group of group_rows rows: the wide or the narrow
 // layout (fp32_wide).
-template <int kD, typename Elem>
+template <int kD, typename Elem, bool kPaged = false>
 auto fp32_kernel(std::int64_t group_rows) {
-  return fp32_wide(group_rows) ? split_kernel<kD, kFp32TileRows, Elem> : split_kernel<kD, 1, Elem>;
+  return fp32_wide(group_rows) ? split_kernel<kD, kFp32TileRows, kPaged, Elem>
+                               : split_kernel<kD, 1, kPaged, Elem>;
 }
 
 template <int kD, typename Elem>
 void launch_split(const Params<Elem>& prm, Stream stream) {
   const dim3 grid(static_cast<unsigned>(std::min(prm.row_tiles * prm.splits, kMaxGridX)),
                   static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
-  launch_with_smem(fp32_kernel<kD, Elem>(prm.group_rows), grid, kThreads, Smem<kD, Elem>::kBytes,
-                   stream, "stage 09 split_kernel", prm);
+  const auto kernel = prm.cache.block_table ? fp32_kernel<kD, Elem, true>(prm.group_rows)
+                                            : fp32_kernel<kD, Elem, false>(prm.group_rows);
+  launch_with_smem(kernel, grid, kThreads, Smem<kD, Elem>::kBytes, stream, "stage 09 split_kernel",
+                   prm);
 }
 
 template <int kD, typename Elem>
 void launch_split_mma(const Params<Elem>& prm, Stream stream) {
   const dim3 grid(static_cast<unsigned>(std::min(prm.row_tiles * prm.splits, kMaxGridX)),
                   static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
-  launch_with_smem(split_mma_kernel<kD, Elem>, grid, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes,
-                   stream, "stage 09 split_mma_kernel", prm);
+  const auto kernel = prm.cache.block_table ? split_mma_kernel<kD, true, Elem>
+                                            : split_mma_kernel<kD, false, Elem>;
+  launch_with_smem(kernel, grid, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes, stream,
+                   "stage 09 split_mma_kernel", prm);
 }
 
 // Whether the current device launches dependent grids early (sm_90 on).
@@ -1317,13 +1337,57 @@ int occupancy(std::int64_t group_rows) {
   if constexpr (std::is_same_v<Elem, float>) {
     return occupancy(fp32_kernel<kD, Elem>(group_rows), kThreads, Smem<kD, Elem>::kBytes);
   } else {
-    return occupancy(split_mma_kernel<kD, Elem>, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes);
+    return occupancy(split_mma_kernel<kD, false, Elem>, MmaTiles<kD>::kThreads,
+                     MmaTiles<kD>::kBytes);
   }
 }
 
+// Rows of the append kernel's block: one warp a new token's row of K and V.
+constexpr int kAppendRowsPerBlock = 8;
+constexpr int kAppendThreads = kAppendRowsPerBlock * kWarpSize;
+
+// The new tokens' keys and values into the cache: row (kvh, i) of K_new and
+// V_new to key seqlens[b] + i of K/V head kvh, in the cache's layout; keys
+// past the capacity are left out (split_kv.h: the caller leaves room). One
+// warp a row, its lanes over the d columns; a separate kernel before the
+// split kernel, so that every split reads the cache alone.
 template <typename Elem>
-void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
-            const std::int32_t* seqlens, Stream stream) {
+__global__ void append_kernel(const Params<Elem> p,
+                              Elem* K_cache,      // the cache's K, in p.cache's layout
+                              Elem* V_cache,      // the cache's V, the same layout
+                              const Elem* K_new,  // [B, H_kv, Nq, d]
+                              const Elem* V_new)  // [B, H_kv, Nq, d]
+{
+  const std::int64_t rows = p.kv_heads * p.Nq;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kAppendRowsPerBlock;
+  for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kAppendRowsPerBlock) +
+                          threadIdx.x / kWarpSize;
+       row < rows; row += step) {
+    const std::int64_t kvh = row / p.Nq;
+    const std::int64_t key = p.seqlens[kvh / p.H_kv] + row % p.Nq;
+    if (key < 0 || key >= p.Nk) continue;
+    const std::int64_t to = cache_row(p.cache, kvh, p.H_kv, p.Nk, key) * p.d;
+    for (int c = static_cast<int>(threadIdx.x % kWarpSize); c < p.d; c += kWarpSize) {
+      K_cache[to + c] = K_new[row * p.d + c];
+      V_cache[to + c] = V_new[row * p.d + c];
+    }
+  }
+}
+
+// What the split kernels read: the cache (K, V in `layout`), each sequence's
+// keys before the call (seqlens null: Nk each) and the keys appended since
+// (0 or Nq).
+struct Source {
+  const void* K;
+  const void* V;
+  const std::int32_t* seqlens;
+  CacheLayout layout;
+  int new_keys;
+};
+
+template <typename Elem>
+void launch(const Problem& p, const ForwardTensors& t, const Plan& plan, const Source& src,
+            Stream stream) {
   Params<Elem> prm{};
   prm.Q = static_cast<const Elem*>(t.Q);
   prm.K = static_cast<const Elem*>(t.K);
@@ -1332,7 +1396,9 @@ void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
   prm.L = t.L;
   prm.O_part = static_cast<float*>(t.workspace);
   prm.L_part = plan.splits > 1 ? prm.O_part + plan.splits * p.q_elems() : nullptr;
-  prm.seqlens = seqlens;
+  prm.seqlens = src.seqlens;
+  prm.cache = src.layout;
+  prm.new_keys = src.new_keys;
   prm.H = p.H;
   prm.H_kv = p.kv_heads();
   prm.kv_heads = p.B * p.kv_heads();
@@ -1361,15 +1427,42 @@ void launch(const Problem& p, const ForwardTensors& t, const Plan& plan,
   }
 }
 
-void run(const Problem& p, const ForwardTensors& t, const std::int32_t* seqlens, Stream stream,
-         bool split) {
+// The split kernel, and the merge with more than one split, on Q, O, L and
+// the workspace of t and the keys and values of src.
+void run(const Problem& p, const ForwardTensors& t, const Source& src, Stream stream, bool split) {
   validate(p);
-  if (!t.Q || !t.K || !t.V || !t.O || !t.L) throw Error("stage 09: null tensor pointer");
-  const Plan plan = make_plan(p, device_sm_count(), split);
+  ForwardTensors read = t;  // float4_ok checks the alignment of the K and V read
+  read.K = src.K;
+  read.V = src.V;
+  if (!read.Q || !read.K || !read.V || !read.O || !read.L) {
+    throw Error("stage 09: null tensor pointer");
+  }
+  const Plan plan = make_plan(p, device_sm_count(), split, src.layout.block_table != nullptr);
   if (plan.splits > 1 && !t.workspace) throw Error("stage 09: null workspace with several splits");
   with_element_type(p.dtype, [&](auto elem) {
-    launch<decltype(elem)>(p, t, plan, seqlens, stream);
+    launch<decltype(elem)>(p, read, plan, src, stream);
   });
+}
+
+// The append kernel for cache's new tokens (cache.K_new, cache.V_new).
+void launch_append(const Problem& p, const KvCache& cache, Stream stream) {
+  const std::int64_t rows = p.B * p.kv_heads() * p.Nq;
+  const std::int64_t blocks = std::min((rows - 1) / kAppendRowsPerBlock + 1, kMaxGridX);
+  with_element_type(p.dtype, [&](auto elem) {
+    using Elem = decltype(elem);
+    Params<Elem> prm{};
+    prm.seqlens = cache.seqlens;
+    prm.cache = cache.layout;
+    prm.H_kv = p.kv_heads();
+    prm.kv_heads = p.B * p.kv_heads();
+    prm.Nq = static_cast<int>(p.Nq);
+    prm.Nk = static_cast<int>(p.Nk);
+    prm.d = static_cast<int>(p.d);
+    append_kernel<Elem><<<static_cast<unsigned>(blocks), kAppendThreads, 0, stream>>>(
+        prm, static_cast<Elem*>(cache.K), static_cast<Elem*>(cache.V),
+        static_cast<const Elem*>(cache.K_new), static_cast<const Elem*>(cache.V_new));
+  });
+  check_launch("stage 09 append_kernel");
 }
 
 }  // namespace
@@ -1389,17 +1482,28 @@ int device_resident_blocks(const Problem& p) {
 }
 
 void forward(const Problem& p, const ForwardTensors& t, Stream stream) {
-  run(p, t, nullptr, stream, true);
+  run(p, t, {t.K, t.V, nullptr, {}, 0}, stream, true);
 }
 
 void forward_one_block(const Problem& p, const ForwardTensors& t, Stream stream) {
-  run(p, t, nullptr, stream, false);
+  run(p, t, {t.K, t.V, nullptr, {}, 0}, stream, false);
 }
 
 void forward_kvcache(const Problem& p, const ForwardTensors& t, const std::int32_t* cache_seqlens,
                      Stream stream, bool split) {
   if (!cache_seqlens) throw Error("stage 09: null cache_seqlens");
-  run(p, t, cache_seqlens, stream, split);
+  run(p, t, {t.K, t.V, cache_seqlens, {}, 0}, stream, split);
+}
+
+void forward_kvcache(const Problem& p, const ForwardTensors& t, const KvCache& cache,
+                     Stream stream, bool split) {
+  validate(p);
+  validate_kvcache(p, t.K, t.V, cache.K, cache.V, cache.seqlens, cache.layout, cache.K_new,
+                   cache.V_new);
+  const bool appends = cache.K_new != nullptr;
+  if (appends) launch_append(p, cache, stream);
+  run(p, t, {cache.K, cache.V, cache.seqlens, cache.layout, appends ? static_cast<int>(p.Nq) : 0},
+      stream, split);
 }
 
 }  // namespace flashstep::split_kv

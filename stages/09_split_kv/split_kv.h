@@ -32,6 +32,33 @@ void forward_kvcache(const Problem& p, const ForwardTensors& t,
                      const std::int32_t* cache_seqlens,  // [B], device
                      Stream stream, bool split = true);
 
+/// A KV cache as forward_kvcache's full form takes it: K and V in either
+/// layout (CacheLayout in split_kv_plan.h), each sequence's length before
+/// the call, and optionally the new tokens' keys and values to append first.
+struct KvCache {
+  void* K = nullptr;  ///< [B, H_kv, capacity, d], or paged [pages, H_kv, page_keys, d], in p.dtype
+  void* V = nullptr;  ///< the same layout as K
+  const std::int32_t* seqlens = nullptr;  ///< [B], device: keys sequence b holds before the call
+  CacheLayout layout;                     ///< contiguous, or paged through its block table (device)
+  /// [B, H_kv, Nq, d] each in p.dtype, or both null: the Nq new tokens'
+  /// keys and values, written into sequence b's keys seqlens[b] ..
+  /// seqlens[b] + Nq - 1 before the attention, which then sees
+  /// seqlens[b] + Nq keys (flash_attn_with_kvcache's k and v). The caller
+  /// leaves room for them (seqlens[b] + Nq <= capacity) and moves its own
+  /// seqlens on afterwards; keys past the capacity are not written, and
+  /// the attention stops at the capacity.
+  const void* K_new = nullptr;
+  const void* V_new = nullptr;
+};
+
+/// The KV-cache forward in full: the cache of `cache` (t.K and t.V must be
+/// null, so that one call cannot name two caches; t gives Q, O, L and the
+/// workspace), contiguous or paged (p.Nk = capacity = pages_per_seq *
+/// page_keys), with the new tokens appended first when K_new and V_new are
+/// given. Throws flashstep::Error on a layout or argument that cannot work.
+void forward_kvcache(const Problem& p, const ForwardTensors& t, const KvCache& cache,
+                     Stream stream, bool split = true);
+
 /// Blocks of p's split kernel (its type and head-dimension bucket) that one SM
 /// of the current device holds at once, by the CUDA occupancy API: what
 /// resident_blocks (split_kv_plan.h) says for sm_90, which a GPU test checks.
@@ -70,6 +97,21 @@ Cost mirror_one_block(const Problem& p, const HostTensors& t);
 /// The KV-cache forward on the host: cache_seqlens [B] as forward_kvcache
 /// takes them, planned for `sm_count` SMs.
 Cost mirror_kvcache(const Problem& p, const HostTensors& t, const std::int64_t* cache_seqlens,
+                    int sm_count, bool split = true);
+/// KvCache on the host (every pointer a host array, the block table too).
+struct HostKvCache {
+  float* K = nullptr;                     ///< as KvCache::K
+  float* V = nullptr;                     ///< as KvCache::V
+  const std::int64_t* seqlens = nullptr;  ///< [B]
+  CacheLayout layout;
+  const float* K_new = nullptr;  ///< [B, H_kv, Nq, d], or both null
+  const float* V_new = nullptr;
+};
+/// The full KV-cache forward on the host, as forward_kvcache(KvCache) runs
+/// it: the new tokens appended into the cache first (in place, as on the
+/// GPU), then the split kernels' loops reading the cache in its layout.
+/// t.K and t.V must be null; t.Q, t.O and t.L as for mirror.
+Cost mirror_kvcache(const Problem& p, const HostTensors& t, const HostKvCache& cache,
                     int sm_count, bool split = true);
 
 }  // namespace flashstep::split_kv

@@ -26,12 +26,22 @@ namespace {
 constexpr double kLog2e = 1.4426950408889634;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// One K/V head's keys and values in the cache, in either layout
+// (cache_row, split_kv_plan.h): key j's d elements.
+struct HeadRows {
+  const float* K;  // the cache, [B, H_kv, Nk, d] or paged [pages, H_kv, page_keys, d]
+  const float* V;  // the same layout
+  const CacheLayout& layout;
+  std::int64_t kvh, H_kv, Nk, d;
+  const float* k(std::int64_t key) const { return K + cache_row(layout, kvh, H_kv, Nk, key) * d; }
+  const float* v(std::int64_t key) const { return V + cache_row(layout, kvh, H_kv, Nk, key) * d; }
+};
+
 // One (K/V head, row tile, split) unit of work: the head's K and V, the
 // split's keys [k_lo, k_hi), the tile's rows (their place in Q and O, their
 // queries i), the sequence's keys nk, and whether the split writes a partial.
 struct Unit {
-  const float* K;  // [Nk, d] of this K/V head
-  const float* V;  // [Nk, d] of this K/V head
+  HeadRows kv;
   std::int64_t k_lo, k_hi, rows;
   const std::vector<std::int64_t>& row_of;
   const std::vector<std::int64_t>& query;
@@ -109,7 +119,8 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
         score[j] = -INFINITY;
         if (kt + j < end[r]) {
           float dot = 0.0f;
-          for (std::int64_t e = 0; e < d; ++e) dot += q[e] * u.K[(kt + j) * d + e];
+          const float* k_row = u.kv.k(kt + j);
+          for (std::int64_t e = 0; e < d; ++e) dot += q[e] * k_row[e];
           score[j] = op(c, dot * scale_log2);
           c.matmul_flops += 2 * d;
           c.sram_read_bytes += d * (F + E);  // a Q and a K element per multiply-add
@@ -119,9 +130,11 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
       float p_ij[kBc];
       const float alpha = online_softmax(c, m[r], l[r], score, tile_max, keys, p_ij);
       c.sram_write_bytes += keys * F;  // P~ (alpha stays in registers)
+      const float* v_row[kBc];
+      for (std::int64_t j = 0; j < keys; ++j) v_row[j] = u.kv.v(kt + j);
       for (std::int64_t e = 0; e < d; ++e) {
         float o = op(c, acc[r * d + e] * alpha);
-        for (std::int64_t j = 0; j < keys; ++j) o += p_ij[j] * u.V[(kt + j) * d + e];
+        for (std::int64_t j = 0; j < keys; ++j) o += p_ij[j] * v_row[j][e];
         acc[r * d + e] = o;
       }
       c.matmul_flops += 2 * keys * d;
@@ -191,7 +204,8 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
         for (std::int64_t j = 0; j < wkeys; ++j) {
           float dot = 0.0f;
           if (k0 + j < end[r]) {
-            for (std::int64_t e = 0; e < d; ++e) dot += q[e] * u.K[(k0 + j) * d + e];
+            const float* k_row = u.kv.k(k0 + j);
+            for (std::int64_t e = 0; e < d; ++e) dot += q[e] * k_row[e];
             c.matmul_flops += 2 * d;
           }
           // Every score is scaled, then a key the row may not see is -inf.
@@ -201,10 +215,12 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
         }
         float p_ij[kWarpKeys];
         const float alpha = online_softmax(c, m[at], l[at], score, tile_max, wkeys, p_ij);
+        const float* v_row[kWarpKeys];
+        for (std::int64_t j = 0; j < wkeys; ++j) v_row[j] = u.kv.v(k0 + j);
         for (std::int64_t e = 0; e < d; ++e) {
           float o = op(c, acc[at * d + e] * alpha);
           for (std::int64_t j = 0; j < wkeys; ++j) {
-            o += round_to_dtype(p.dtype, p_ij[j]) * u.V[(k0 + j) * d + e];
+            o += round_to_dtype(p.dtype, p_ij[j]) * v_row[j][e];
           }
           acc[at * d + e] = o;
         }
@@ -247,8 +263,41 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
   }
 }
 
-Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, const Plan& plan) {
+// The new tokens' keys and values (K_new, V_new: [B, H_kv, Nq, d]) written
+// into the cache at keys seqlens[b] .. seqlens[b] + Nq - 1 of each sequence,
+// those past the capacity left out, as the append kernel does; counted.
+void append(const Problem& p, const HostKvCache& cache, Cost& c) {
+  const std::int64_t d = p.d;
+  for (std::int64_t kvh = 0; kvh < p.B * p.kv_heads(); ++kvh) {
+    const std::int64_t first = cache.seqlens[kvh / p.kv_heads()];
+    for (std::int64_t i = 0; i < p.Nq; ++i) {
+      const std::int64_t key = first + i;
+      if (key < 0 || key >= p.Nk) continue;
+      const std::int64_t to = cache_row(cache.layout, kvh, p.kv_heads(), p.Nk, key) * d;
+      const std::int64_t from = (kvh * p.Nq + i) * d;
+      std::copy(cache.K_new + from, cache.K_new + from + d, cache.K + to);
+      std::copy(cache.V_new + from, cache.V_new + from + d, cache.V + to);
+      c.hbm_read_bytes += 2 * d * p.elem_bytes();
+      c.hbm_write_bytes += 2 * d * p.elem_bytes();
+    }
+  }
+}
+
+// What the split kernels read: the cache in its layout, each sequence's keys
+// before the call (seqlens null: Nk each), and the keys appended since
+// (new_keys, 0 or Nq), which the attention sees too.
+struct CacheView {
+  const float* K;
+  const float* V;
+  const std::int64_t* seqlens;
+  CacheLayout layout;
+  std::int64_t new_keys;
+};
+
+// The split kernels' loops and the merge over the cache `kv`.
+Cost run(const Problem& p, const HostTensors& t, const CacheView& cache, const Plan& plan) {
   validate(p);
+  const std::int64_t* seqlens = cache.seqlens;
   const std::int64_t d = p.d;
   const std::int64_t heads = p.heads();
   const std::int64_t rows_total = heads * p.Nq;
@@ -262,9 +311,9 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
 
   for (std::int64_t kvh = 0; kvh < p.B * p.kv_heads(); ++kvh) {
     const std::int64_t b = kvh / p.kv_heads();
-    const std::int64_t nk = seqlens ? std::clamp<std::int64_t>(seqlens[b], 0, p.Nk) : p.Nk;
-    const float* K = t.K + kvh * p.Nk * d;  // [Nk, d] of this K/V head
-    const float* V = t.V + kvh * p.Nk * d;
+    const std::int64_t nk =
+        seqlens ? std::clamp<std::int64_t>(seqlens[b] + cache.new_keys, 0, p.Nk) : p.Nk;
+    const HeadRows kv{cache.K, cache.V, cache.layout, kvh, p.kv_heads(), p.Nk, d};
     for (std::int64_t tile = 0; tile < plan.row_tiles; ++tile) {
       const std::int64_t r0 = tile * kRows;
       const std::int64_t rows = std::min<std::int64_t>(kRows, plan.group_rows - r0);
@@ -285,7 +334,7 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
         auto out_L = [&](std::int64_t r) -> float& {
           return merge ? L_part[s * rows_total + row_of[r]] : t.L[row_of[r]];
         };
-        const Unit u{K, V, k_lo, k_hi, rows, row_of, query, nk, merge};
+        const Unit u{kv, k_lo, k_hi, rows, row_of, query, nk, merge};
         if (p.dtype == DType::kFp32) {
           cuda_core_unit(p, t, u, out_O, out_L, c);
         } else {
@@ -349,17 +398,30 @@ Cost run(const Problem& p, const HostTensors& t, const std::int64_t* seqlens, co
 }  // namespace
 
 Cost mirror(const Problem& p, const HostTensors& t) {
-  return run(p, t, nullptr, make_plan(p, kModelSmCount));
+  return run(p, t, {t.K, t.V, nullptr, {}, 0}, make_plan(p, kModelSmCount));
 }
 
 Cost mirror_one_block(const Problem& p, const HostTensors& t) {
-  return run(p, t, nullptr, make_plan(p, kModelSmCount, false));
+  return run(p, t, {t.K, t.V, nullptr, {}, 0}, make_plan(p, kModelSmCount, false));
 }
 
 Cost mirror_kvcache(const Problem& p, const HostTensors& t, const std::int64_t* cache_seqlens,
                     int sm_count, bool split) {
   if (!cache_seqlens) throw Error("stage 09: null cache_seqlens");
-  return run(p, t, cache_seqlens, make_plan(p, sm_count, split));
+  return run(p, t, {t.K, t.V, cache_seqlens, {}, 0}, make_plan(p, sm_count, split));
+}
+
+Cost mirror_kvcache(const Problem& p, const HostTensors& t, const HostKvCache& cache,
+                    int sm_count, bool split) {
+  validate_kvcache(p, t.K, t.V, cache.K, cache.V, cache.seqlens, cache.layout, cache.K_new,
+                   cache.V_new);
+  Cost appended;
+  if (cache.K_new) append(p, cache, appended);
+  Cost c = run(p, t, {cache.K, cache.V, cache.seqlens, cache.layout, cache.K_new ? p.Nq : 0},
+               make_plan(p, sm_count, split, cache.layout.block_table != nullptr));
+  c.hbm_read_bytes += appended.hbm_read_bytes;
+  c.hbm_write_bytes += appended.hbm_write_bytes;
+  return c;
 }
 
 }  // namespace flashstep::split_kv

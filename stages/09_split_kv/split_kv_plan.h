@@ -19,7 +19,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
+#include "common/error.h"
 #include "common/host_device.h"
 #include "common/problem.h"
 
@@ -263,11 +265,26 @@ struct Plan {
   std::int64_t keys_per_split = 0;  ///< a multiple of kBc (the last split may hold fewer)
 };
 
+/// Keys of a paged cache's page are a multiple of this: the largest K/V tile
+/// of either split kernel (the 16-bit kernel's 64 keys at d = 64; 32
+/// elsewhere), so that with splits starting at multiples of it
+/// (key_granule) no tile straddles two pages and each tile is one
+/// contiguous block, copied by the same loaders as the contiguous cache's.
+/// FlashAttention-2's paged cache asks for multiples of 256.
+inline constexpr std::int64_t kPageKeyMultiple = 64;
+
+/// The granule splits are dealt out in: whole tiles of kBc keys, or with a
+/// paged cache whole kPageKeyMultiple keys, so that every tile of every
+/// split lies inside one page.
+inline std::int64_t key_granule(bool paged) { return paged ? kPageKeyMultiple : kBc; }
+
 /// Keys of each split when Nk keys are dealt out to at most `splits` splits
-/// in whole tiles of kBc keys: kBc ceil(Nk / (splits kBc)). The splits that
-/// get keys are then ceil(Nk / keys_per_split), which may be fewer.
-inline std::int64_t keys_per_split(std::int64_t Nk, std::int64_t splits) {
-  return ((Nk - 1) / (splits * kBc) + 1) * kBc;
+/// in whole granules of `granule` keys (kBc, or kPageKeyMultiple with a paged
+/// cache): granule ceil(Nk / (splits granule)). The splits that get keys are
+/// then ceil(Nk / keys_per_split), which may be fewer.
+inline std::int64_t keys_per_split(std::int64_t Nk, std::int64_t splits,
+                                   std::int64_t granule = kBc) {
+  return ((Nk - 1) / (splits * granule) + 1) * granule;
 }
 
 /// Splits allowed for p with at least min_keys keys a split:
@@ -314,8 +331,10 @@ inline std::int64_t min_keys_per_split(const Problem& p, std::int64_t n0, int sm
 /// wave 94 % full (the former rule, 4 blocks an SM wanted: 64 splits, 512
 /// blocks); 32 K/V heads, 8 splits, 256 blocks (it took 17, 544 blocks, 2.06
 /// waves); 256 K/V heads: 1 split. A prefill (many rows) gets 1 split. With
-/// `split` false (the one-block contrast) it is 1.
-inline Plan make_plan(const Problem& p, int sm_count, bool split = true) {
+/// `split` false (the one-block contrast) it is 1. With `paged` (a paged KV
+/// cache) the keys are dealt out in granules of kPageKeyMultiple.
+inline Plan make_plan(const Problem& p, int sm_count, bool split = true, bool paged = false) {
+  const std::int64_t granule = key_granule(paged);
   Plan plan;
   plan.group_rows = p.group() * p.Nq;
   plan.row_tiles = (plan.group_rows - 1) / kRows + 1;
@@ -329,7 +348,7 @@ inline Plan make_plan(const Problem& p, int sm_count, bool split = true) {
       splits = cap;
     } else {
       auto fill = [&](std::int64_t s) {  // the waves' fullness of s splits, as dealt out
-        const std::int64_t blocks = n0 * ((p.Nk - 1) / keys_per_split(p.Nk, s) + 1);
+        const std::int64_t blocks = n0 * ((p.Nk - 1) / keys_per_split(p.Nk, s, granule) + 1);
         return static_cast<double>(blocks) / static_cast<double>(slots * ((blocks - 1) / slots + 1));
       };
       double best = 0.0;
@@ -343,7 +362,7 @@ inline Plan make_plan(const Problem& p, int sm_count, bool split = true) {
       }
     }
   }
-  plan.keys_per_split = keys_per_split(p.Nk, splits);
+  plan.keys_per_split = keys_per_split(p.Nk, splits, granule);
   plan.splits = (p.Nk - 1) / plan.keys_per_split + 1;
   return plan;
 }
@@ -381,6 +400,76 @@ FLASHSTEP_HOST_DEVICE inline std::int64_t visible_keys(std::int64_t i, std::int6
   if (!causal) return nk;
   const std::int64_t v = i + nk - Nq + 1;
   return v < 0 ? 0 : (v > nk ? nk : v);
+}
+
+/// Where a KV cache keeps its keys (and values, in the same layout).
+///
+///   contiguous  [B, H_kv, Nk, d]: key j of K/V head kvh (of B H_kv) is row
+///               kvh Nk + j
+///   paged       [pages, H_kv, page_keys, d], a pool of pages, with
+///               block_table [B, pages_per_seq]: key j of sequence b is slot
+///               j % page_keys of page block_table[b][j / page_keys]
+///
+/// The paged layout is the one serving engines use (vLLM's PagedAttention,
+/// flash_attn_with_kvcache's block_table): a sequence grows by whole pages
+/// taken from a shared pool, so no sequence reserves its full capacity.
+/// Inside a page each K/V head's keys are contiguous ([H_kv, page_keys, d],
+/// where FlashAttention keeps [page_keys, H_kv, d]): a K/V tile of one head
+/// is then one contiguous block, as in the contiguous cache, and the split
+/// kernels copy it with the same loaders. Capacity (Problem::Nk) is
+/// pages_per_seq page_keys.
+struct CacheLayout {
+  const std::int32_t* block_table = nullptr;  ///< [B, pages_per_seq]; null: contiguous
+  std::int64_t pages_per_seq = 0;             ///< pages of one sequence's table
+  std::int64_t page_keys = 0;                 ///< keys a page holds, a multiple of kPageKeyMultiple
+};
+
+/// The cache row (in units of d elements) of key `key` of K/V head kvh (of
+/// B * H_kv, H_kv heads a sequence, capacity Nk), in either layout.
+FLASHSTEP_HOST_DEVICE inline std::int64_t cache_row(const CacheLayout& c, std::int64_t kvh,
+                                                    std::int64_t H_kv, std::int64_t Nk,
+                                                    std::int64_t key) {
+  if (!c.block_table) return kvh * Nk + key;
+  const std::int64_t b = kvh / H_kv;
+  const std::int64_t page = c.block_table[b * c.pages_per_seq + key / c.page_keys];
+  return (page * H_kv + kvh % H_kv) * c.page_keys + key % c.page_keys;
+}
+
+/// Checks the arguments of a KV-cache forward (split_kv.h's forward_kvcache
+/// and mirror_kvcache with a KvCache) that the host can see, one clear error
+/// each: the cache's own K and V (t_K, t_V null, so a call names one cache),
+/// its seqlens, new keys and values together, and the layout: a paged
+/// cache's pages a multiple of kPageKeyMultiple keys and as many as make
+/// the capacity p.Nk. Device data (the lengths, the block table's page
+/// numbers) is the caller's to keep in range, as with FlashAttention's.
+inline void validate_kvcache(const Problem& p, const void* t_K, const void* t_V, const void* K,
+                             const void* V, const void* seqlens, const CacheLayout& layout,
+                             const void* K_new, const void* V_new) {
+  if (t_K || t_V) {
+    throw Error("stage 09: forward_kvcache reads K and V from the cache; the tensors' K and V "
+                "must be null");
+  }
+  if (!K || !V) throw Error("stage 09: null cache K or V");
+  if (!seqlens) throw Error("stage 09: null cache_seqlens");
+  if ((K_new == nullptr) != (V_new == nullptr)) {
+    throw Error("stage 09: K_new and V_new go together (both, or neither)");
+  }
+  if (!layout.block_table) {
+    if (layout.pages_per_seq != 0 || layout.page_keys != 0) {
+      throw Error("stage 09: pages_per_seq and page_keys without a block table");
+    }
+    return;
+  }
+  if (layout.page_keys < kPageKeyMultiple || layout.page_keys % kPageKeyMultiple != 0) {
+    throw Error("stage 09: page_keys " + std::to_string(layout.page_keys) +
+                " must be a positive multiple of " + std::to_string(kPageKeyMultiple) +
+                " (no K/V tile may straddle two pages)");
+  }
+  if (layout.pages_per_seq < 1 || layout.pages_per_seq * layout.page_keys != p.Nk) {
+    throw Error("stage 09: pages_per_seq " + std::to_string(layout.pages_per_seq) +
+                " x page_keys " + std::to_string(layout.page_keys) + " must be the capacity Nk " +
+                std::to_string(p.Nk));
+  }
 }
 
 /// Query head bh (of B * H) of row g of K/V head kvh's group (kvh of B * H_kv):
