@@ -16,6 +16,8 @@ docs/results/decode.csv (decode.py) fills <!-- results:decode:begin/end --> in
 README.md and stages/09_split_kv/README.md (decode_tables.py), and
 docs/results/gqa_prefill.csv (gqa_prefill.py: prefill with H_kv = H, H/4, 1)
 fills <!-- results:gqa:begin/end --> in stages/09_split_kv/README.md (gqa_tables.py);
+docs/results/kvcache.csv (kvcache.py: the KV cache contiguous, paged and appended
+to) fills <!-- results:kvcache:begin/end --> there too (kvcache_tables.py);
 docs/results/ring.csv (ring.py) fills <!-- results:ring:begin/end --> in
 README.md and stages/10_ring/README.md (ring_tables.py). The fp32
 peers become extra rows of the forward tables. docs/results/causal.csv
@@ -1371,6 +1373,10 @@ def main():
     # Prefill with grouped heads (gqa_prefill.py), in stage 09's README.
     from gqa_tables import gqa_edits
     for path, subs in gqa_edits(ROOT, read).items():
+        edits.setdefault(path, []).extend(subs)
+    # The KV cache's layouts (kvcache.py), in stage 09's README.
+    from kvcache_tables import kvcache_edits
+    for path, subs in kvcache_edits(ROOT, read).items():
         edits.setdefault(path, []).extend(subs)
 
     stale = []
