@@ -593,6 +593,17 @@ TEST_CASE("stage 09's KV cache refuses a layout it cannot read, one clear error 
   bad = ok;
   bad.seqlens = nullptr;
   CHECK(message(bad).find("null cache_seqlens") != std::string::npos);
+  // 2^31 K/V heads pass cache_row's 32-bit division: refused before any read.
+  Problem huge = p;
+  huge.B = sk::kMaxPagedHeads / huge.kv_heads();
+  std::string why = "no error";
+  try {
+    sk::validate_kvcache(huge, nullptr, nullptr, K.data(), V.data(), lens.data(),
+                         {table.data(), 4, 64}, nullptr, nullptr);
+  } catch (const flashstep::Error& e) {
+    why = e.what();
+  }
+  CHECK(why.find("K/V heads; at most 2147483647") != std::string::npos);
 }
 
 // A paged cache with pages in a shuffled order and NaN pages no table names,

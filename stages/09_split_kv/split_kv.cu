@@ -227,21 +227,24 @@ __device__ __forceinline__ void scale4(float4& acc, float s) {
   acc.w *= s;
 }
 
-// Programmatic dependent launch (sm_90): the merge kernel, launched with
-// the attribute that allows it (launch_merge), may start once every block of
-// the split kernel has called let_merge_launch, which each does as it starts;
-// its blocks are then placed and waiting while the last splits finish,
-// instead of being launched after them. The merge calls
-// wait_for_split_kernel before it reads a partial: that waits until the
-// split kernel has ended and its writes are visible. Below sm_90, or
-// launched without the attribute, both are no-ops.
-__device__ __forceinline__ void let_merge_launch() {
+// Programmatic dependent launch (sm_90): a kernel launched with the
+// attribute that allows it (launch_dependent) may start once every block of
+// the kernel before it on the stream has called let_next_kernel_launch,
+// which each does as it starts; its blocks are then placed and waiting
+// while the last blocks of the one before finish, instead of being launched
+// after them. It calls wait_for_previous_kernel before it reads what that
+// kernel writes: that waits until the kernel before has ended and its
+// writes are visible. So the merge kernel waits on the split kernel before
+// it reads a partial, and the split kernel, after an append, on the append
+// before it reads the cache. Below sm_90, or launched without the
+// attribute, both are no-ops.
+__device__ __forceinline__ void let_next_kernel_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
-__device__ __forceinline__ void wait_for_split_kernel() {
+__device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -258,9 +261,10 @@ __device__ int sequence_keys(const Params<Elem>& p, std::int64_t b) {
 // tile's keys are consecutive rows from there, in either layout: with a
 // paged cache every tile lies inside one page (kPageKeyMultiple). The split
 // kernels are compiled for each layout (kPaged), so that the contiguous one
-// carries none of the page lookup: with it in every kernel, the 16-bit
-// kernel at d = 64, held to 168 registers, spilled 64 bytes where it
-// spilled 24.
+// carries none of the page lookup: with a first, 64-bit lookup in every
+// kernel, the 16-bit kernel at d = 64, held to 168 registers, spilled 64
+// bytes where it spilled 24 (cache_row now divides in 32 bits, and the
+// paged kernels spill what the contiguous ones do).
 template <bool kPaged, typename Elem>
 __device__ std::int64_t tile_offset(const Params<Elem>& p, std::int64_t kvh, int kt) {
   if constexpr (kPaged) return cache_row(p.cache, kvh, p.H_kv, p.Nk, kt) * p.d;
@@ -322,7 +326,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
   const int key_group = lane / T::kGroupLanes;    // P~ V: keys key_group kGroupKeys + 0 ..
   const int quad = lane % T::kGroupLanes;         // P~ V: columns 4 (quad + kGroupLanes u) + 0..3
   const std::int64_t units = p.row_tiles * p.splits;
-  let_merge_launch();
+  let_next_kernel_launch();
+  wait_for_previous_kernel();  // an append's writes to the cache (a no-op otherwise)
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
     const int nk = sequence_keys(p, kvh / p.H_kv);
@@ -653,7 +658,8 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
   const sm80::LaneOffsets<kD> q_at(sm80::a_point(lane)), k_at(sm80::k_point(lane)),
       v_at(sm80::v_point(lane));
   const std::int64_t units = p.row_tiles * p.splits;
-  let_merge_launch();
+  let_next_kernel_launch();
+  wait_for_previous_kernel();  // an append's writes to the cache (a no-op otherwise)
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
     const int nk = sequence_keys(p, kvh / p.H_kv);
@@ -1132,7 +1138,7 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
   // a time. Uniform over the grid, so every thread takes the same path.
   const bool vec = kVecCols > 1 && p.d % kVecCols == 0 &&
                    reinterpret_cast<std::uintptr_t>(p.O) % (kVecCols * sizeof(Elem)) == 0;
-  wait_for_split_kernel();
+  wait_for_previous_kernel();
   // The merge with the lane's columns in groups of kW: column
   // j kWarpSize kW + lane kW + v of O is o[j kW + v] (kW = 1: lane + 32 j).
   auto merge_rows = [&](auto vec_width) {
@@ -1253,6 +1259,40 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
 
 // The fp32 kernel for a group of group_rows rows: the wide or the narrow
 // layout (fp32_wide).
+// Whether the current device launches dependent grids early (sm_90 on).
+bool device_has_dependent_launch() {
+  int device = 0, major = 0;
+  cuda_check(cudaGetDevice(&device), "stage 09: cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+             "stage 09: compute capability");
+  return major >= 9;
+}
+
+// Launches kernel(prm) on `stream` with smem_bytes of dynamic shared memory
+// (opted in to above 48 KiB); with `early`, on sm_90, with programmatic
+// stream serialization, so that its blocks may start while the kernel before
+// it on the stream finishes (let_next_kernel_launch, wait_for_previous_kernel).
+template <typename Elem>
+void launch_dependent(void (*kernel)(Params<Elem>), dim3 grid, int threads, std::size_t smem_bytes,
+                      Stream stream, const char* what, const Params<Elem>& prm, bool early) {
+  if (smem_bytes > 0) {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes)),
+               what);
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = early && device_has_dependent_launch() ? 1 : 0;
+  cuda_check(cudaLaunchKernelEx(&config, kernel, prm), what);
+}
+
 template <int kD, typename Elem, bool kPaged = false>
 auto fp32_kernel(std::int64_t group_rows) {
   return fp32_wide(group_rows) ? split_kernel<kD, kFp32TileRows, kPaged, Elem>
@@ -1265,8 +1305,8 @@ void launch_split(const Params<Elem>& prm, Stream stream) {
                   static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
   const auto kernel = prm.cache.block_table ? fp32_kernel<kD, Elem, true>(prm.group_rows)
                                             : fp32_kernel<kD, Elem, false>(prm.group_rows);
-  launch_with_smem(kernel, grid, kThreads, Smem<kD, Elem>::kBytes, stream, "stage 09 split_kernel",
-                   prm);
+  launch_dependent(kernel, grid, kThreads, Smem<kD, Elem>::kBytes, stream, "stage 09 split_kernel",
+                   prm, prm.new_keys > 0);
 }
 
 template <int kD, typename Elem>
@@ -1275,36 +1315,19 @@ void launch_split_mma(const Params<Elem>& prm, Stream stream) {
                   static_cast<unsigned>(std::min(prm.kv_heads, kMaxGridY)));
   const auto kernel = prm.cache.block_table ? split_mma_kernel<kD, true, Elem>
                                             : split_mma_kernel<kD, false, Elem>;
-  launch_with_smem(kernel, grid, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes, stream,
-                   "stage 09 split_mma_kernel", prm);
-}
-
-// Whether the current device launches dependent grids early (sm_90 on).
-bool device_has_dependent_launch() {
-  int device = 0, major = 0;
-  cuda_check(cudaGetDevice(&device), "stage 09: cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-             "stage 09: compute capability");
-  return major >= 9;
+  launch_dependent(kernel, grid, MmaTiles<kD>::kThreads, MmaTiles<kD>::kBytes, stream,
+                   "stage 09 split_mma_kernel", prm, prm.new_keys > 0);
 }
 
 // The merge kernel, on sm_90 with programmatic stream serialization: it may
-// start while the split kernel's last blocks run (let_merge_launch,
-// wait_for_split_kernel), so that its launch does not wait for their end.
+// start while the split kernel's last blocks run (let_next_kernel_launch,
+// wait_for_previous_kernel), so that its launch does not wait for their end.
 template <int kD, typename Elem>
 void launch_merge(const Params<Elem>& prm, Stream stream) {
   const std::int64_t rows_per_block = kMergeWarps / merge_warps(prm.splits, kD);
   const std::int64_t blocks = (prm.heads * prm.Nq - 1) / rows_per_block + 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(std::min(blocks, kMaxGridX)));
-  config.blockDim = dim3(kMergeThreads);
-  config.stream = stream;
-  cudaLaunchAttribute early[1] = {};
-  early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = early;
-  config.numAttrs = device_has_dependent_launch() ? 1 : 0;
-  cuda_check(cudaLaunchKernelEx(&config, merge_kernel<kD, Elem>, prm), "stage 09 merge_kernel");
+  launch_dependent(merge_kernel<kD, Elem>, dim3(static_cast<unsigned>(std::min(blocks, kMaxGridX))),
+                   kMergeThreads, 0, stream, "stage 09 merge_kernel", prm, true);
 }
 
 // fp32 on the CUDA cores (split_kernel), bf16 and fp16 on the tensor cores
@@ -1350,7 +1373,8 @@ constexpr int kAppendThreads = kAppendRowsPerBlock * kWarpSize;
 // V_new to key seqlens[b] + i of K/V head kvh, in the cache's layout; keys
 // past the capacity are left out (split_kv.h: the caller leaves room). One
 // warp a row, its lanes over the d columns; a separate kernel before the
-// split kernel, so that every split reads the cache alone.
+// split kernel, so that every split reads the cache alone. The split kernel
+// is launched early behind it (launch_dependent) and waits for its writes.
 template <typename Elem>
 __global__ void append_kernel(const Params<Elem> p,
                               Elem* K_cache,      // the cache's K, in p.cache's layout
@@ -1358,6 +1382,7 @@ __global__ void append_kernel(const Params<Elem> p,
                               const Elem* K_new,  // [B, H_kv, Nq, d]
                               const Elem* V_new)  // [B, H_kv, Nq, d]
 {
+  let_next_kernel_launch();  // the split kernel's blocks may be placed now; they wait for our end
   const std::int64_t rows = p.kv_heads * p.Nq;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kAppendRowsPerBlock;
   for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kAppendRowsPerBlock) +

@@ -425,15 +425,23 @@ struct CacheLayout {
 };
 
 /// The cache row (in units of d elements) of key `key` of K/V head kvh (of
-/// B * H_kv, H_kv heads a sequence, capacity Nk), in either layout.
+/// B * H_kv, H_kv heads a sequence, capacity Nk), in either layout. The
+/// paged lookup divides in 32 bits (validate_kvcache keeps B * H_kv and Nk
+/// below 2^31): the split kernels look a page up once per K/V tile in every
+/// thread, and a 64-bit division is several times the instructions.
 FLASHSTEP_HOST_DEVICE inline std::int64_t cache_row(const CacheLayout& c, std::int64_t kvh,
                                                     std::int64_t H_kv, std::int64_t Nk,
                                                     std::int64_t key) {
   if (!c.block_table) return kvh * Nk + key;
-  const std::int64_t b = kvh / H_kv;
-  const std::int64_t page = c.block_table[b * c.pages_per_seq + key / c.page_keys];
-  return (page * H_kv + kvh % H_kv) * c.page_keys + key % c.page_keys;
+  const auto head = static_cast<std::uint32_t>(kvh), heads = static_cast<std::uint32_t>(H_kv);
+  const auto k = static_cast<std::uint32_t>(key);
+  const auto page_keys = static_cast<std::uint32_t>(c.page_keys);
+  const std::int64_t page = c.block_table[(head / heads) * c.pages_per_seq + k / page_keys];
+  return (page * H_kv + head % heads) * c.page_keys + k % page_keys;
 }
+
+/// The K/V heads (B * H_kv) a paged cache may hold: cache_row's 32 bits.
+inline constexpr std::int64_t kMaxPagedHeads = std::int64_t{1} << 31;
 
 /// Checks the arguments of a KV-cache forward (split_kv.h's forward_kvcache
 /// and mirror_kvcache with a KvCache) that the host can see, one clear error
@@ -464,6 +472,11 @@ inline void validate_kvcache(const Problem& p, const void* t_K, const void* t_V,
     throw Error("stage 09: page_keys " + std::to_string(layout.page_keys) +
                 " must be a positive multiple of " + std::to_string(kPageKeyMultiple) +
                 " (no K/V tile may straddle two pages)");
+  }
+  if (p.B * p.kv_heads() >= kMaxPagedHeads) {
+    throw Error("stage 09: a paged cache of B * H_kv = " + std::to_string(p.B * p.kv_heads()) +
+                " K/V heads; at most " + std::to_string(kMaxPagedHeads - 1) +
+                " (cache_row divides in 32 bits)");
   }
   if (layout.pages_per_seq < 1 || layout.pages_per_seq * layout.page_keys != p.Nk) {
     throw Error("stage 09: pages_per_seq " + std::to_string(layout.pages_per_seq) +
