@@ -257,32 +257,41 @@ __device__ int sequence_keys(const Params<Elem>& p, std::int64_t b) {
   return p.seqlens ? min(max(p.seqlens[b] + p.new_keys, 0), p.Nk) : p.Nk;
 }
 
-// The first of a K/V tile's rows in the cache: key kt of K/V head kvh. A
-// tile's keys are consecutive rows from there, in either layout: with a
-// paged cache every tile lies inside one page (kPageKeyMultiple). The split
+// Where K/V head kvh's tiles are read from. Contiguous: the head's [Nk, d]
+// block (head_base), key kt at row kt of it. Paged: the pool, key kt's page
+// looked up (cache_row). A tile's keys are consecutive rows from there in
+// either layout: with a paged cache every tile lies inside one page
+// (kPageKeyMultiple). `width` is the row's elements (p.d; kD where the
+// caller knows they are equal, so that the contiguous offset is the
+// constant-stride one the copies had before the paged layout). The split
 // kernels are compiled for each layout (kPaged), so that the contiguous one
 // carries none of the page lookup: with a first, 64-bit lookup in every
 // kernel, the 16-bit kernel at d = 64, held to 168 registers, spilled 64
 // bytes where it spilled 24 (cache_row now divides in 32 bits, and the
 // paged kernels spill what the contiguous ones do).
 template <bool kPaged, typename Elem>
-__device__ std::int64_t tile_offset(const Params<Elem>& p, std::int64_t kvh, int kt) {
-  if constexpr (kPaged) return cache_row(p.cache, kvh, p.H_kv, p.Nk, kt) * p.d;
-  return (kvh * p.Nk + kt) * p.d;
+__device__ std::int64_t head_base(const Params<Elem>& p, std::int64_t kvh) {
+  return kPaged ? 0 : kvh * p.Nk * p.d;
+}
+
+template <bool kPaged, typename Elem>
+__device__ std::int64_t tile_offset(const Params<Elem>& p, std::int64_t kvh, int kt, int width) {
+  if constexpr (kPaged) return cache_row(p.cache, kvh, p.H_kv, p.Nk, kt) * width;
+  return static_cast<std::int64_t>(kt) * width;
 }
 
 // Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 of K/V
-// head kvh into the buffers Ks [kBc][kKStride] and Vs [kBc][kD]: 16-byte
-// cp.async chunks with p.vec, else element by element through registers.
-// Keys past k_hi and columns past d are zero: a zero V row times a zero P~
-// adds nothing (stale data there could be NaN).
+// head kvh (K, V: from head_base) into the buffers Ks [kBc][kKStride] and
+// Vs [kBc][kD]: 16-byte cp.async chunks with p.vec, else element by element
+// through registers. Keys past k_hi and columns past d are zero: a zero V
+// row times a zero P~ adds nothing (stale data there could be NaN).
 template <int kD, bool kPaged, typename Elem>
-__device__ void load_kv_tile(const Params<Elem>& p, std::int64_t kvh, int kt, int k_hi, Elem* Ks,
-                             Elem* Vs) {
+__device__ void load_kv_tile(const Params<Elem>& p, const Elem* K, const Elem* V, std::int64_t kvh,
+                             int kt, int k_hi, Elem* Ks, Elem* Vs) {
   using S = Smem<kD, Elem>;
-  const std::int64_t at = tile_offset<kPaged>(p, kvh, kt);
-  const Elem* Kt = p.K + at;  // [keys, d]: contiguous
-  const Elem* Vt = p.V + at;
+  const std::int64_t at = tile_offset<kPaged>(p, kvh, kt, p.d);
+  const Elem* Kt = K + at;  // [keys, d]: contiguous
+  const Elem* Vt = V + at;
   const int keys = min(kBc, k_hi - kt);
   if (p.vec) {
     constexpr int kChunks = kD / S::kChunk;  // 16-byte chunks a row
@@ -331,6 +340,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
     const int nk = sequence_keys(p, kvh / p.H_kv);
+    const Elem* K = p.K + head_base<kPaged>(p, kvh);  // [Nk, d] of this K/V head, or the pool
+    const Elem* V = p.V + head_base<kPaged>(p, kvh);
     for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
       const std::int64_t tile = u / p.splits;
       const std::int64_t s = u % p.splits;
@@ -346,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
       // of the tile, zero past `rows` and past d, are loaded beside them.
       for (int t = 0; t < kStages - 1; ++t) {
         if (t < tiles) {
-          load_kv_tile<kD, kPaged, Elem>(p, kvh, k_lo + t * kBc, k_hi,
+          load_kv_tile<kD, kPaged, Elem>(p, K, V, kvh, k_lo + t * kBc, k_hi,
                                          Ks + t * kBc * S::kKStride, Vs + t * kBc * kD);
         }
         sm80::cp_async_commit();
@@ -391,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
         const int ahead = t + kStages - 1;
         if (ahead < tiles) {
           const int buf = ahead % kStages;
-          load_kv_tile<kD, kPaged, Elem>(p, kvh, k_lo + ahead * kBc, k_hi,
+          load_kv_tile<kD, kPaged, Elem>(p, K, V, kvh, k_lo + ahead * kBc, k_hi,
                                          Ks + buf * kBc * S::kKStride, Vs + buf * kBc * kD);
         }
         sm80::cp_async_commit();
@@ -663,6 +674,8 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
 
   for (std::int64_t kvh = blockIdx.y; kvh < p.kv_heads; kvh += gridDim.y) {
     const int nk = sequence_keys(p, kvh / p.H_kv);
+    const Elem* K = p.K + head_base<kPaged>(p, kvh);  // [Nk, d] of this K/V head, or the pool
+    const Elem* V = p.V + head_base<kPaged>(p, kvh);
     // The group's rows r = g Nq + i are consecutive rows of Q and O: its
     // query heads are consecutive (query_head).
     const std::int64_t row_base = query_head(kvh, 0, p.H, p.H_kv) * p.Nq;
@@ -687,14 +700,15 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
         const int kt = k_lo + tt * T::kTileKeys;
         Elem* Kt = Ks + tt % T::kStages * T::kTileKeys * kD;  // [kTileKeys][kD]
         Elem* Vt = Vs + tt % T::kStages * T::kTileKeys * kD;  // [kTileKeys][kD]
-        const std::int64_t at = tile_offset<kPaged>(p, kvh, kt);
         if (full_width && k_hi - kt >= T::kTileKeys) {
-          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(Kt, p.K + at);
-          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(Vt, p.V + at);
+          const std::int64_t at = tile_offset<kPaged>(p, kvh, kt, kD);
+          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(Kt, K + at);
+          sm80::load_full_tile_async<Elem, T::kTileKeys, kD, T::kThreads>(Vt, V + at);
         } else {
-          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(Kt, p.K + at, k_hi - kt,
+          const std::int64_t at = tile_offset<kPaged>(p, kvh, kt, p.d);
+          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(Kt, K + at, k_hi - kt,
                                                                           p.d, p.vec);
-          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(Vt, p.V + at, k_hi - kt,
+          sm80::load_tile<Elem, T::kTileKeys, kD, true, true, T::kThreads>(Vt, V + at, k_hi - kt,
                                                                           p.d, p.vec);
         }
       };
