@@ -1,16 +1,19 @@
 /// \file bench_tool.h
-/// \brief What the C++ bench tools (flashstep_tile_sweep, flashstep_causal)
-/// share: the FlashAttention-2 paper's sweep settings, their exit codes, the
-/// parsing of their list flags and the number format of their CSV rows.
+/// \brief What the C++ bench tools (flashstep_tile_sweep, flashstep_causal,
+/// flashstep_kvcache) share: the FlashAttention-2 paper's sweep settings,
+/// their exit codes, their main, the parsing of their list flags and the
+/// number format of their CSV rows.
 #pragma once
 
 #include <charconv>
 #include <cstdint>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/device.h"
 #include "common/error.h"
 
 namespace flashstep::bench {
@@ -46,6 +49,41 @@ std::vector<T> parse_list(const std::string& flag, const std::string& text) {
   }
   if (out.empty()) throw Error(flag + ": empty list");
   return out;
+}
+
+/// A bench tool's main: --help (or -h) prints `usage`; `parse` reads the
+/// flags, and its Error is one line and the usage, exit kExitUsage; `run`
+/// returns the exit code, and its Error is one line, exit kExitFailed. Each
+/// line starts with the tool's `name`.
+template <typename Options>
+int tool_main(int argc, char** argv, const char* name, const char* usage,
+              Options (*parse)(int, char**), int (*run)(const Options&)) {
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::cout << usage;
+    return kExitOk;
+  }
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const Error& e) {
+    std::cerr << name << ": " << e.what() << "\n" << usage;
+    return kExitUsage;
+  }
+  try {
+    return run(o);
+  } catch (const Error& e) {
+    std::cerr << name << ": " << e.what() << "\n";
+    return kExitFailed;
+  }
+}
+
+/// Whether a CUDA device is usable; if not, says why in one line that starts
+/// with the tool's `name`.
+inline bool device_usable(const char* name) {
+  std::string why;
+  if (cuda_device_available(&why)) return true;
+  std::cerr << name << ": no usable CUDA device (" << why << ")\n";
+  return false;
 }
 
 /// v with `digits` significant digits, as the CSV rows write it.

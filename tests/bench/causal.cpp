@@ -266,29 +266,15 @@ int run_sweep(const Options& o) {
   return failures ? kExitFailed : kExitOk;
 }
 
+// The ragged check or the sweep; without a usable device, skipped (exit 77)
+// for the ragged check, which is a CTest test, failed for the sweep.
+int run(const Options& o) {
+  if (!device_usable("flashstep_causal")) return o.ragged ? kExitSkipped : kExitFailed;
+  return o.ragged ? run_ragged() : run_sweep(o);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    std::cout << kUsage;
-    return kExitOk;
-  }
-  Options o;
-  try {
-    o = parse(argc, argv);
-  } catch (const Error& e) {
-    std::cerr << "flashstep_causal: " << e.what() << "\n" << kUsage;
-    return kExitUsage;
-  }
-  std::string why;
-  if (!cuda_device_available(&why)) {
-    std::cerr << "flashstep_causal: no usable CUDA device (" << why << ")\n";
-    return o.ragged ? kExitSkipped : kExitFailed;
-  }
-  try {
-    return o.ragged ? run_ragged() : run_sweep(o);
-  } catch (const Error& e) {
-    std::cerr << "flashstep_causal: " << e.what() << "\n";
-    return kExitFailed;
-  }
+  return tool_main(argc, argv, "flashstep_causal", kUsage, parse, run);
 }

@@ -288,29 +288,10 @@ int run_sweep(const Options& o) {
   return failures ? kExitFailed : kExitOk;
 }
 
+int run(const Options& o) { return device_usable("flashstep_kvcache") ? run_sweep(o) : kExitFailed; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    std::cout << kUsage;
-    return kExitOk;
-  }
-  Options o;
-  try {
-    o = parse(argc, argv);
-  } catch (const Error& e) {
-    std::cerr << "flashstep_kvcache: " << e.what() << "\n" << kUsage;
-    return kExitUsage;
-  }
-  std::string why;
-  if (!cuda_device_available(&why)) {
-    std::cerr << "flashstep_kvcache: no usable CUDA device (" << why << ")\n";
-    return kExitFailed;
-  }
-  try {
-    return run_sweep(o);
-  } catch (const Error& e) {
-    std::cerr << "flashstep_kvcache: " << e.what() << "\n";
-    return kExitFailed;
-  }
+  return tool_main(argc, argv, "flashstep_kvcache", kUsage, parse, run);
 }

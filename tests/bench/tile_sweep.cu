@@ -236,21 +236,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    std::cout << kUsage;
-    return kExitOk;
-  }
-  Options o;
-  try {
-    o = parse(argc, argv);
-  } catch (const Error& e) {
-    std::cerr << "flashstep_tile_sweep: " << e.what() << "\n" << kUsage;
-    return kExitUsage;
-  }
-  try {
-    return run(o);
-  } catch (const Error& e) {
-    std::cerr << "flashstep_tile_sweep: " << e.what() << "\n";
-    return kExitFailed;
-  }
+  return tool_main(argc, argv, "flashstep_tile_sweep", kUsage, parse, run);
 }
