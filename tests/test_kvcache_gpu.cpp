@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -46,6 +45,7 @@ struct DeviceBuffer {
 TEST_CASE("stage 09's KV cache: per-sequence lengths (0, 1, capacity, ragged), split and one block") {
   if (!gpu_test_selects("09_split_kv")) return;
   const std::vector<std::int32_t> seqlens = {1, 700, 0, 17, 699, 256, 333};
+  const std::vector<std::int64_t> keys(seqlens.begin(), seqlens.end());
   struct TypedD {
     DType t;
     std::int64_t d;
@@ -96,30 +96,7 @@ TEST_CASE("stage 09's KV cache: per-sequence lengths (0, 1, capacity, ragged), s
             flashstep::copy_to_host(got_O, O.ptr, p.q_elems(), p.dtype, "copy O");
             flashstep::copy_to_host(got_L, L.ptr, p.lse_elems(), DType::kFp32, "copy L");
             // Sequence b against the problem of its own length on its cached keys.
-            const std::int64_t q_seq = p.H * Nq * p.d, rows_seq = p.H * Nq;
-            for (std::int64_t b = 0; b < p.B; ++b) {
-              CAPTURE(b);
-              const std::int64_t n = seqlens[static_cast<size_t>(b)];
-              if (n == 0) {
-                for (std::int64_t e = 0; e < q_seq; ++e) REQUIRE(got_O[b * q_seq + e] == 0.0f);
-                for (std::int64_t e = 0; e < rows_seq; ++e) REQUIRE(got_L[b * rows_seq + e] == -INFINITY);
-                continue;
-              }
-              Problem one = p;
-              one.B = 1;
-              one.Nk = n;
-              flashstep::Inputs seq;
-              seq.Q.assign(in.Q.begin() + b * q_seq, in.Q.begin() + (b + 1) * q_seq);
-              for (std::int64_t h = 0; h < hk.H_kv; ++h) {
-                const std::int64_t at = (b * hk.H_kv + h) * p.Nk * p.d;
-                seq.K.insert(seq.K.end(), in.K.begin() + at, in.K.begin() + at + n * p.d);
-                seq.V.insert(seq.V.end(), in.V.begin() + at, in.V.begin() + at + n * p.d);
-              }
-              const auto c = flashstep::check_forward(one, got_O.data() + b * q_seq,
-                                                      got_L.data() + b * rows_seq,
-                                                      flashstep::forward_truth(one, seq));
-              CHECK_MESSAGE(c.ok(), c.summary());
-            }
+            flashstep::test::check_sequences(p, in.Q, in.K, in.V, keys, got_O.data(), got_L.data());
           }
         }
       }

@@ -382,30 +382,7 @@ TEST_CASE("stage 09's KV cache: lengths that differ across the batch, queries at
         for (int sms : {1, 1024}) {
           CAPTURE(sms);
           const Run r = run_kvcache(p, in, seqlens, sms);
-          for (std::int64_t b = 0; b < p.B; ++b) {
-            CAPTURE(b);
-            const std::int64_t n = seqlens[static_cast<size_t>(b)];
-            const std::int64_t q_head = p.H * Nq * p.d;  // elements of one sequence's Q and O
-            if (n == 0) {  // no key at all: every row is the empty row
-              for (std::int64_t e = 0; e < q_head; ++e) CHECK(r.O[b * q_head + e] == 0.0f);
-              for (std::int64_t e = 0; e < p.H * Nq; ++e) CHECK(r.L[b * p.H * Nq + e] == -INFINITY);
-              continue;
-            }
-            Problem one = p;
-            one.B = 1;
-            one.Nk = n;
-            std::vector<float> Q(in.Q.begin() + b * q_head, in.Q.begin() + (b + 1) * q_head);
-            std::vector<float> K, V;
-            for (std::int64_t h = 0; h < H_kv; ++h) {
-              const std::int64_t at = (b * H_kv + h) * capacity * p.d;
-              K.insert(K.end(), in.K.begin() + at, in.K.begin() + at + n * p.d);
-              V.insert(V.end(), in.V.begin() + at, in.V.begin() + at + n * p.d);
-            }
-            const auto truth = flashstep::forward_truth(one, {Q, K, V});
-            const auto c = flashstep::check_forward(one, r.O.data() + b * q_head,
-                                                    r.L.data() + b * p.H * Nq, truth);
-            CHECK_MESSAGE(c.ok(), c.summary());
-          }
+          flashstep::test::check_sequences(p, in.Q, in.K, in.V, seqlens, r.O.data(), r.L.data());
         }
       }
     }
