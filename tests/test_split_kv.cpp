@@ -565,6 +565,8 @@ TEST_CASE("stage 09's KV cache refuses a layout it cannot read, one clear error 
   CHECK(message(bad).find("page_keys 32 must be a positive multiple of 64") != std::string::npos);
   bad.layout = {table.data(), 2, 64};
   CHECK(message(bad).find("must be the capacity Nk 256") != std::string::npos);
+  bad.layout = {table.data(), std::int64_t{1} << 62, 64};  // pages x keys would overflow
+  CHECK(message(bad).find("must be the capacity Nk 256") != std::string::npos);
   bad.layout = {nullptr, 4, 64};
   CHECK(message(bad).find("without a block table") != std::string::npos);
   bad = ok;

@@ -478,7 +478,8 @@ inline void validate_kvcache(const Problem& p, const void* t_K, const void* t_V,
                 " K/V heads; at most " + std::to_string(kMaxPagedHeads - 1) +
                 " (cache_row divides in 32 bits)");
   }
-  if (layout.pages_per_seq < 1 || layout.pages_per_seq * layout.page_keys != p.Nk) {
+  if (layout.pages_per_seq < 1 || p.Nk % layout.page_keys != 0 ||
+      layout.pages_per_seq != p.Nk / layout.page_keys) {  // divided: no product to overflow
     throw Error("stage 09: pages_per_seq " + std::to_string(layout.pages_per_seq) +
                 " x page_keys " + std::to_string(layout.page_keys) + " must be the capacity Nk " +
                 std::to_string(p.Nk));
