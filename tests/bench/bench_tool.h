@@ -5,12 +5,15 @@
 /// number format of their CSV rows.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <initializer_list>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/device.h"
@@ -49,6 +52,36 @@ std::vector<T> parse_list(const std::string& flag, const std::string& text) {
   }
   if (out.empty()) throw Error(flag + ": empty list");
   return out;
+}
+
+/// Walks argv's flags: each `--flag value` pair goes to `take(flag, value)`,
+/// and each flag named in `switches` (one without a value) to
+/// `take(flag, "")`; `take` returns false for a flag it does not know. A
+/// flag without its value, or one `take` does not know, is an Error.
+template <typename Take>
+void for_each_flag(int argc, char** argv, Take take,
+                   std::initializer_list<std::string_view> switches = {}) {
+  for (int k = 1; k < argc; ++k) {
+    const std::string flag = argv[k];
+    const bool is_switch = std::find(switches.begin(), switches.end(), flag) != switches.end();
+    if (!is_switch && k + 1 >= argc) throw Error(flag + ": missing value (or unknown flag)");
+    const std::string value = is_switch ? std::string() : std::string(argv[++k]);
+    if (!take(flag, value)) throw Error("unknown flag " + flag);
+  }
+}
+
+/// --warmup N and --iters N, which every tool takes: true when `flag` is one
+/// of them (its value read into warmup or iters).
+inline bool take_repeats(const std::string& flag, const std::string& value, int& warmup,
+                         int& iters) {
+  if (flag == "--warmup") {
+    warmup = parse_list<int>(flag, value).front();
+  } else if (flag == "--iters") {
+    iters = parse_list<int>(flag, value).front();
+  } else {
+    return false;
+  }
+  return true;
 }
 
 /// A bench tool's main: --help (or -h) prints `usage`; `parse` reads the

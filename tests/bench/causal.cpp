@@ -131,29 +131,24 @@ const char* const kUsage =
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int k = 1; k < argc; ++k) {
-    const std::string flag = argv[k];
-    if (flag == "--ragged") {
-      o.ragged = true;
-      continue;
-    }
-    if (k + 1 >= argc) throw Error(flag + ": missing value (or unknown flag)");
-    const std::string value = argv[++k];
-    if (flag == "--d") {
-      o.d = parse_list<int>(flag, value);
-      for (int d : o.d) {
-        if (d > kMaxHeadDim) throw Error("--d: at most 256, not " + value);
-      }
-    } else if (flag == "--N") {
-      o.N = parse_list<std::int64_t>(flag, value);
-    } else if (flag == "--warmup") {
-      o.warmup = parse_list<int>(flag, value).front();
-    } else if (flag == "--iters") {
-      o.iters = parse_list<int>(flag, value).front();
-    } else {
-      throw Error("unknown flag " + flag);
-    }
-  }
+  for_each_flag(
+      argc, argv,
+      [&](const std::string& flag, const std::string& value) {
+        if (flag == "--ragged") {
+          o.ragged = true;
+        } else if (flag == "--d") {
+          o.d = parse_list<int>(flag, value);
+          for (int d : o.d) {
+            if (d > kMaxHeadDim) throw Error("--d: at most 256, not " + value);
+          }
+        } else if (flag == "--N") {
+          o.N = parse_list<std::int64_t>(flag, value);
+        } else {
+          return take_repeats(flag, value, o.warmup, o.iters);
+        }
+        return true;
+      },
+      {"--ragged"});
   return o;
 }
 

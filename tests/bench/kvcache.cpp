@@ -80,10 +80,7 @@ const char* const kUsage =
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int k = 1; k < argc; ++k) {
-    const std::string flag = argv[k];
-    if (k + 1 >= argc) throw Error(flag + ": missing value (or unknown flag)");
-    const std::string value = argv[++k];
+  for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--dtype") {
       o.dtypes.clear();
       std::stringstream s(value);
@@ -104,14 +101,11 @@ Options parse(int argc, char** argv) {
           throw Error("--Nk " + std::to_string(n) + ": must be a multiple of 256 (whole pages)");
         }
       }
-    } else if (flag == "--warmup") {
-      o.warmup = parse_list<int>(flag, value).front();
-    } else if (flag == "--iters") {
-      o.iters = parse_list<int>(flag, value).front();
     } else {
-      throw Error("unknown flag " + flag);
+      return take_repeats(flag, value, o.warmup, o.iters);
     }
-  }
+    return true;
+  });
   return o;
 }
 

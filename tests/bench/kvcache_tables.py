@@ -5,8 +5,12 @@ Generated only from the recorded CSV; until it exists, one line saying how to re
 Per type, one table: each decode point's time with the contiguous cache (and its
 bandwidth, the model's HBM bytes over the time), then every other layout's time
 as a ratio to it (a paged cache of 64 or 256 keys a page, and the new token
-appended in the same call), then one line with the range of each ratio. A row
-whose check is not ok shows it in place of the ratio."""
+appended in the same call), then one line with the range of each ratio and
+one by regime: the paged layouts near the copy ceiling (the contiguous run at
+NEAR_CEILING_GBS or more) and below it, and what the append adds to short
+decodes (under SHORT_US) in µs and to long ones (LONG_US and more). A row
+whose check is not ok shows it in place of the ratio and is left out of the
+ranges."""
 import os
 
 from decode_tables import script_provenance
@@ -17,6 +21,11 @@ NOT_RECORDED = ("_KV-cache layouts (kvcache.csv): not recorded yet; on a GPU, "
 BASE = "contiguous"
 # The other layouts, in the CSV's order (flashstep_kvcache's kLayouts).
 OTHERS = ("paged64", "paged256", "contiguous+append", "paged256+append")
+PAGED = ("paged64", "paged256")
+APPEND = "contiguous+append"
+NEAR_CEILING_GBS = 4000  # the H200's copy ceiling is about 4,400 GB/s (ceilings.csv)
+SHORT_US = 50            # a decode this short is latency-bound: a few tiles a split
+LONG_US = 100
 
 
 def num(x):
@@ -64,7 +73,41 @@ def kvcache_table(rows, dtype):
                 spans[o].append(r)
         lines.append(f"| {h_kv} | {b} | {nk:,} | {us} | {gbs} | " + " | ".join(cells) + " |")
     ranges = "; ".join(f"{o} ×{min(v):.2f} to ×{max(v):.2f}" for o, v in spans.items() if v)
-    return "\n".join(lines) + f"\n\nRange over the points: {ranges}.\n"
+    return ("\n".join(lines) + f"\n\nRange over the points: {ranges}.\n\n"
+            + regimes(by, points) + "\n")
+
+
+def span(values, fmt):
+    return f"{fmt(min(values))} to {fmt(max(values))}" if values else "no point"
+
+
+def regimes(by, points):
+    """One line: the paged layouts near the copy ceiling and below it, and the append's
+    cost on short decodes (µs added, ratio) and on long ones (ratio)."""
+    near, below, short_us, short_x, long_x = [], [], [], [], []
+    for h_kv, b, nk in points:
+        base = by.get((h_kv, b, nk, BASE))
+        if not base or base["check"] != "ok" or not num(base["median ms"]):
+            continue
+        us = num(base["median ms"]) * 1e3
+        for o in PAGED:
+            other = by.get((h_kv, b, nk, o))
+            r = ratio(base, other)
+            if r and other["check"] == "ok":
+                (near if num(base["GB/s"]) >= NEAR_CEILING_GBS else below).append(r)
+        other = by.get((h_kv, b, nk, APPEND))
+        r = ratio(base, other)
+        if r and other["check"] == "ok":
+            if us < SHORT_US:
+                short_us.append(us * (r - 1))
+                short_x.append(r)
+            elif us >= LONG_US:
+                long_x.append(r)
+    x = "×{:.2f}".format
+    return (f"Paged ÷ contiguous near the copy ceiling (contiguous at {NEAR_CEILING_GBS:,} GB/s "
+            f"or more): {span(near, x)}; below it: {span(below, x)}. The append adds "
+            f"{span(short_us, '{:.1f} µs'.format)} to decodes under {SHORT_US} µs "
+            f"({span(short_x, x)}), {span(long_x, x)} from {LONG_US} µs.")
 
 
 def provenance(rows):

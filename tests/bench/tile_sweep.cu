@@ -134,10 +134,7 @@ const char* const kUsage =
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int k = 1; k < argc; ++k) {
-    const std::string flag = argv[k];
-    if (k + 1 >= argc) throw Error(flag + ": missing value (or unknown flag)");
-    const std::string value = argv[++k];
+  for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--d") {
       o.d = parse_list<int>(flag, value);
       for (int d : o.d) {
@@ -150,14 +147,11 @@ Options parse(int argc, char** argv) {
       else if (value == "yes") o.causal = {true};
       else if (value == "no") o.causal = {false};
       else throw Error("--causal: both, yes or no, not " + value);
-    } else if (flag == "--warmup") {
-      o.warmup = parse_list<int>(flag, value).front();
-    } else if (flag == "--iters") {
-      o.iters = parse_list<int>(flag, value).front();
     } else {
-      throw Error("unknown flag " + flag);
+      return take_repeats(flag, value, o.warmup, o.iters);
     }
-  }
+    return true;
+  });
   return o;
 }
 
