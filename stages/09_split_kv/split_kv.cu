@@ -57,37 +57,14 @@
 #include "common/partial_merge.h"
 #include "common/reduce.cuh"
 #include "split_kv.h"
+#include "split_kv_device.cuh"
 
 namespace flashstep::split_kv {
 
 namespace {
 
-// log2(e) and ln(2): scores in log2 units, so each exponential is one exp2.
+// log2(e): scores in log2 units, so each exponential is one exp2.
 constexpr double kLog2e = 1.4426950408889634;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// Elem: float, __half or __nv_bfloat16 (common/element.cuh).
-template <typename Elem>
-struct Params {
-  const Elem* Q;        // [B, H, Nq, d]
-  const Elem* K;        // [B, H_kv, Nk, d], or paged [pages, H_kv, page_keys, d] (cache)
-  const Elem* V;        // the same layout as K
-  Elem* O;              // [B, H, Nq, d]
-  float* L;             // [B, H, Nq]
-  float* O_part;        // [splits, B * H, Nq, d], with splits > 1
-  float* L_part;        // [splits, B * H, Nq], with splits > 1
-  const std::int32_t* seqlens;  // [B] keys of each sequence (KV cache), or null: Nk each
-  CacheLayout cache;            // where K and V keep their keys: contiguous or paged
-  int new_keys;                 // keys appended to each sequence before this call: 0 or Nq
-  std::int64_t H, H_kv;
-  std::int64_t kv_heads;  // B * H_kv
-  std::int64_t heads;     // B * H
-  int Nq, Nk, d;
-  std::int64_t group_rows, row_tiles, splits, keys_per_split;
-  float scale_log2;  // softmax scale * log2(e); any sign: each score is scaled, not the max
-  bool causal;
-  bool vec;  // 16-byte rows (d * sizeof(Elem) % 16 == 0), aligned tensors: K/V by 16-byte cp.async
-};
 
 // K/V tiles in flight: 2 (the next tile's copies run while this one is
 // computed) up to d = 128; at d = 256 two stages would need 165 KiB of shared
@@ -225,59 +202,6 @@ __device__ __forceinline__ void scale4(float4& acc, float s) {
   acc.y *= s;
   acc.z *= s;
   acc.w *= s;
-}
-
-// Programmatic dependent launch (sm_90): a kernel launched with the
-// attribute that allows it (launch_dependent) may start once every block of
-// the kernel before it on the stream has called let_next_kernel_launch,
-// which each does as it starts; its blocks are then placed and waiting
-// while the last blocks of the one before finish, instead of being launched
-// after them. It calls wait_for_previous_kernel before it reads what that
-// kernel writes: that waits until the kernel before has ended and its
-// writes are visible. So the merge kernel waits on the split kernel before
-// it reads a partial, and the split kernel, after an append, on the append
-// before it reads the cache. Below sm_90, or launched without the
-// attribute, both are no-ops.
-__device__ __forceinline__ void let_next_kernel_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Keys a sequence of the batch holds: its cache length plus the keys appended
-// in this call, clamped to the cache (so no read leaves it), or all Nk.
-template <typename Elem>
-__device__ int sequence_keys(const Params<Elem>& p, std::int64_t b) {
-  return p.seqlens ? min(max(p.seqlens[b] + p.new_keys, 0), p.Nk) : p.Nk;
-}
-
-// Where K/V head kvh's tiles are read from. Contiguous: the head's [Nk, d]
-// block (head_base), key kt at row kt of it. Paged: the pool, key kt's page
-// looked up (cache_row). A tile's keys are consecutive rows from there in
-// either layout: with a paged cache every tile lies inside one page
-// (kPageKeyMultiple). `width` is the row's elements (p.d; kD where the
-// caller knows they are equal, so that the contiguous offset is the
-// constant-stride one the copies had before the paged layout). The split
-// kernels are compiled for each layout (kPaged), so that the contiguous one
-// carries none of the page lookup: with a first, 64-bit lookup in every
-// kernel, the 16-bit kernel at d = 64, held to 168 registers, spilled 64
-// bytes where it spilled 24 (cache_row now divides in 32 bits, and the
-// paged kernels spill what the contiguous ones do).
-template <bool kPaged, typename Elem>
-__device__ std::int64_t head_base(const Params<Elem>& p, std::int64_t kvh) {
-  return kPaged ? 0 : kvh * p.Nk * p.d;
-}
-
-template <bool kPaged, typename Elem>
-__device__ std::int64_t tile_offset(const Params<Elem>& p, std::int64_t kvh, int kt, int width) {
-  if constexpr (kPaged) return cache_row(p.cache, kvh, p.H_kv, p.Nk, kt) * width;
-  return static_cast<std::int64_t>(kt) * width;
 }
 
 // Starts the copies of the K and V tile of keys kt .. kt + kBc - 1 of K/V
@@ -1273,40 +1197,6 @@ __global__ void __launch_bounds__(kMergeThreads, 2) merge_kernel(const Params<El
 
 // The fp32 kernel for a group of group_rows rows: the wide or the narrow
 // layout (fp32_wide).
-// Whether the current device launches dependent grids early (sm_90 on).
-bool device_has_dependent_launch() {
-  int device = 0, major = 0;
-  cuda_check(cudaGetDevice(&device), "stage 09: cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-             "stage 09: compute capability");
-  return major >= 9;
-}
-
-// Launches kernel(prm) on `stream` with smem_bytes of dynamic shared memory
-// (opted in to above 48 KiB); with `early`, on sm_90, with programmatic
-// stream serialization, so that its blocks may start while the kernel before
-// it on the stream finishes (let_next_kernel_launch, wait_for_previous_kernel).
-template <typename Elem>
-void launch_dependent(void (*kernel)(Params<Elem>), dim3 grid, int threads, std::size_t smem_bytes,
-                      Stream stream, const char* what, const Params<Elem>& prm, bool early) {
-  if (smem_bytes > 0) {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes)),
-               what);
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = early && device_has_dependent_launch() ? 1 : 0;
-  cuda_check(cudaLaunchKernelEx(&config, kernel, prm), what);
-}
-
 template <int kD, typename Elem, bool kPaged = false>
 auto fp32_kernel(std::int64_t group_rows) {
   return fp32_wide(group_rows) ? split_kernel<kD, kFp32TileRows, kPaged, Elem>
@@ -1452,10 +1342,16 @@ void launch(const Problem& p, const ForwardTensors& t, const Plan& plan, const S
   prm.scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
   prm.causal = p.causal;
   prm.vec = float4_ok(p, t);
-  switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
-    case 64: launch_bucket<64>(prm, stream); break;
-    case 128: launch_bucket<128>(prm, stream); break;
-    default: launch_bucket<256>(prm, stream); break;
+  if (plan.tile_rows == kWideRows) {  // the Hopper kernel (wide_layout): 16 bits, d = 128
+#if FLASHSTEP_SM90A_BUILT
+    if constexpr (!std::is_same_v<Elem, float>) launch_split_wgmma<Elem>(prm, stream);
+#endif
+  } else {
+    switch (head_dim_bucket(p.d)) {  // d is zero-padded up to the bucket inside the tiles
+      case 64: launch_bucket<64>(prm, stream); break;
+      case 128: launch_bucket<128>(prm, stream); break;
+      default: launch_bucket<256>(prm, stream); break;
+    }
   }
   if (plan.splits > 1) {
     switch (head_dim_bucket(p.d)) {
@@ -1464,6 +1360,21 @@ void launch(const Problem& p, const ForwardTensors& t, const Plan& plan, const S
       default: launch_merge<256>(prm, stream); break;
     }
   }
+}
+
+// Whether p, with the tensors of t, runs on the Hopper kernel: a wide group
+// (wide_group: 16 bits, d = 128, more than kRows rows), 16-byte rows and
+// aligned tensors (its copies are 16-byte cp.async only), and a device that
+// runs the sm_90a code this build has.
+bool wide_layout(const Problem& p, const ForwardTensors& t) {
+#if FLASHSTEP_SM90A_BUILT
+  return wide_group(p.dtype, head_dim_bucket(p.d), p.group() * p.Nq) && float4_ok(p, t) &&
+         device_takes_wgmma();
+#else
+  (void)p;
+  (void)t;
+  return false;
+#endif
 }
 
 // The split kernel, and the merge with more than one split, on Q, O, L and
@@ -1476,7 +1387,8 @@ void run(const Problem& p, const ForwardTensors& t, const Source& src, Stream st
   if (!read.Q || !read.K || !read.V || !read.O || !read.L) {
     throw Error("stage 09: null tensor pointer");
   }
-  const Plan plan = make_plan(p, device_sm_count(), split, src.layout.block_table != nullptr);
+  const Plan plan = make_plan(p, device_sm_count(), split, src.layout.block_table != nullptr,
+                              wide_layout(p, read));
   if (plan.splits > 1 && !t.workspace) throw Error("stage 09: null workspace with several splits");
   with_element_type(p.dtype, [&](auto elem) {
     launch<decltype(elem)>(p, read, plan, src, stream);
@@ -1508,6 +1420,11 @@ void launch_append(const Problem& p, const KvCache& cache, Stream stream) {
 
 int device_resident_blocks(const Problem& p) {
   const std::int64_t group_rows = p.group() * p.Nq;
+#if FLASHSTEP_SM90A_BUILT
+  if (wide_group(p.dtype, head_dim_bucket(p.d), group_rows) && device_takes_wgmma()) {
+    return wgmma_occupancy();
+  }
+#endif
   int blocks = 0;
   with_element_type(p.dtype, [&](auto elem) {
     using Elem = decltype(elem);

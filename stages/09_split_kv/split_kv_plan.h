@@ -169,6 +169,36 @@ constexpr bool mma_q_in_registers(int kD) { return kD == 128; }
 /// 64 KiB, three blocks an SM.
 constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 
+/// The Hopper kernel (split_kv_sm90.cu) for wide groups: on an sm_90 GPU, in
+/// 16 bits at d = 128, a group of more than kRows rows (MQA with Nq = 4: 32
+/// query heads x 4 queries = 128 rows) is one block of kWideRows rows, two
+/// warpgroups of 64 (wgmma's M), instead of kRows-row tiles that each read
+/// the split's K and V again. There the time is the tensor cores', not the
+/// bytes': each K/V byte feeds 128 rows, 128 FLOPs a byte, so 85 % of the
+/// copy ceiling (4.23 TB/s) asks 460 TFLOP/s, past what mma.sync sustains in
+/// attention (stage 07's forward: 355 of its 649 peak) and within reach of
+/// wgmma (stage 08: 700).
+inline constexpr int kWideRows = 128;
+/// Threads of the Hopper kernel: two warpgroups, one per 64 rows.
+inline constexpr int kWideThreads = 256;
+/// Keys of the Hopper kernel's K/V tile: S is m64 x n64 (32 fp32 a thread),
+/// P~ V four k16 steps; 64 is also kPageKeyMultiple, so a paged tile is one
+/// page's contiguous block.
+inline constexpr int kWideKeys = 64;
+/// K/V tiles in the Hopper kernel's shared memory: 5 of 32 KiB with Q's
+/// 32 KiB take 193 KiB, one block an SM (kWideResidentBlocks), and keep 3
+/// to 4 tiles (96 to 128 KiB) in flight, past the 55 to 75 KB an SM's share
+/// of HBM needs (mma_stages).
+inline constexpr int kWideStages = 5;
+/// Blocks of the Hopper kernel an SM holds: one (its shared memory).
+inline constexpr int kWideResidentBlocks = 1;
+/// Whether a problem of type t, head-dimension bucket kD and group_rows rows
+/// a K/V head takes the Hopper kernel's layout on an sm_90 GPU (with 16-byte
+/// rows and aligned tensors: the caller checks those).
+FLASHSTEP_HOST_DEVICE constexpr bool wide_group(DType t, int kD, std::int64_t group_rows) {
+  return t != DType::kFp32 && kD == 128 && group_rows > kRows;
+}
+
 /// Thread blocks of the split kernel that one SM holds at once on sm_90
 /// (H100, H200: 64 K registers, 228 KiB of shared memory, 1 KiB of it
 /// reserved per block), for p's element type and head-dimension bucket: the
@@ -260,7 +290,8 @@ inline constexpr std::int64_t kMaxGridY = 65535;
 /// How one problem is cut into work.
 struct Plan {
   std::int64_t group_rows = 0;      ///< G * Nq: query rows per K/V head
-  std::int64_t row_tiles = 0;       ///< ceil(group_rows / kRows)
+  int tile_rows = kRows;            ///< rows a block takes: kRows, or kWideRows (wide)
+  std::int64_t row_tiles = 0;       ///< ceil(group_rows / tile_rows)
   std::int64_t splits = 1;          ///< key ranges per (K/V head, row tile)
   std::int64_t keys_per_split = 0;  ///< a multiple of kBc (the last split may hold fewer)
 };
@@ -332,15 +363,20 @@ inline std::int64_t min_keys_per_split(const Problem& p, std::int64_t n0, int sm
 /// blocks); 32 K/V heads, 8 splits, 256 blocks (it took 17, 544 blocks, 2.06
 /// waves); 256 K/V heads: 1 split. A prefill (many rows) gets 1 split. With
 /// `split` false (the one-block contrast) it is 1. With `paged` (a paged KV
-/// cache) the keys are dealt out in granules of kPageKeyMultiple.
-inline Plan make_plan(const Problem& p, int sm_count, bool split = true, bool paged = false) {
+/// cache) the keys are dealt out in granules of kPageKeyMultiple. With
+/// `wide` (the Hopper kernel, wide_group) blocks take kWideRows rows and an
+/// SM holds kWideResidentBlocks.
+inline Plan make_plan(const Problem& p, int sm_count, bool split = true, bool paged = false,
+                      bool wide = false) {
   const std::int64_t granule = key_granule(paged);
   Plan plan;
   plan.group_rows = p.group() * p.Nq;
-  plan.row_tiles = (plan.group_rows - 1) / kRows + 1;
+  plan.tile_rows = wide ? kWideRows : kRows;
+  plan.row_tiles = (plan.group_rows - 1) / plan.tile_rows + 1;
   const std::int64_t n0 = p.B * p.kv_heads() * plan.row_tiles;
   const std::int64_t slots =
-      static_cast<std::int64_t>(sm_count) * resident_blocks(p.dtype, head_dim_bucket(p.d));
+      static_cast<std::int64_t>(sm_count) *
+      (wide ? kWideResidentBlocks : resident_blocks(p.dtype, head_dim_bucket(p.d)));
   const std::int64_t cap = split ? split_cap(p, min_keys_per_split(p, n0, sm_count)) : 1;
   std::int64_t splits = 1;
   if (cap > 1 && n0 < kFullGrid * slots) {
@@ -368,13 +404,25 @@ inline Plan make_plan(const Problem& p, int sm_count, bool split = true, bool pa
 }
 
 /// The most splits make_plan gives p on any GPU of up to kMaxSmCount SMs (the
-/// workspace's size): the cap of the shortest splits, or 1 where n0 fills
+/// workspace's size), in either layout (kRows or, for a wide group,
+/// kWideRows a block): the cap of the shortest splits, or 1 where n0 fills
 /// such a GPU already.
 inline std::int64_t max_splits(const Problem& p) {
-  const std::int64_t n0 = p.B * p.kv_heads() * ((p.group() * p.Nq - 1) / kRows + 1);
-  const std::int64_t slots =
-      static_cast<std::int64_t>(kMaxSmCount) * resident_blocks(p.dtype, head_dim_bucket(p.d));
-  return n0 < kFullGrid * slots ? split_cap(p, kIdleMinKeysPerSplit) : 1;
+  const std::int64_t group_rows = p.group() * p.Nq;
+  auto fills = [&](std::int64_t tile_rows, int resident) {  // n0 fills the grid unsplit
+    const std::int64_t n0 = p.B * p.kv_heads() * ((group_rows - 1) / tile_rows + 1);
+    return n0 >= kFullGrid * static_cast<std::int64_t>(kMaxSmCount) * resident;
+  };
+  const bool narrow_fills = fills(kRows, resident_blocks(p.dtype, head_dim_bucket(p.d)));
+  const bool wide_fills = !wide_group(p.dtype, head_dim_bucket(p.d), group_rows) ||
+                          fills(kWideRows, kWideResidentBlocks);
+  return narrow_fills && wide_fills ? 1 : split_cap(p, kIdleMinKeysPerSplit);
+}
+
+/// Whether the host's models (the cost model, the CPU mirror: an H200 with
+/// aligned tensors) plan p in the Hopper kernel's layout.
+inline bool model_wide(const Problem& p) {
+  return wide_group(p.dtype, head_dim_bucket(p.d), p.group() * p.Nq);
 }
 
 /// Blocks of the merge kernel: kMergeWarps / merge_warps rows a block.
