@@ -232,4 +232,12 @@ TEST_CASE("stage 09: the split rule's resident blocks are the device's occupancy
             flashstep::split_kv::resident_blocks(t, static_cast<int>(d)));
     }
   }
+  // A wide group (MQA, Nq = 4: 128 rows at d = 128) runs the Hopper kernel.
+  for (DType t : {DType::kBf16, DType::kFp16}) {
+    Problem p = flashstep::test::make_problem(1, 32, 4, 1024, 128, false);
+    p.H_kv = 1;
+    p.dtype = t;
+    CAPTURE(p.describe());
+    CHECK(flashstep::split_kv::device_resident_blocks(p) == flashstep::split_kv::kWideResidentBlocks);
+  }
 }

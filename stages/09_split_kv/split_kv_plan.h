@@ -171,27 +171,30 @@ constexpr int mma_stages(int kD) { return kD <= 64 ? 4 : kD <= 128 ? 6 : 3; }
 
 /// The Hopper kernel (split_kv_sm90.cu) for wide groups: on an sm_90 GPU, in
 /// 16 bits at d = 128, a group of more than kRows rows (MQA with Nq = 4: 32
-/// query heads x 4 queries = 128 rows) is one block of kWideRows rows, two
-/// warpgroups of 64 (wgmma's M), instead of kRows-row tiles that each read
-/// the split's K and V again. There the time is the tensor cores', not the
-/// bytes': each K/V byte feeds 128 rows, 128 FLOPs a byte, so 85 % of the
-/// copy ceiling (4.23 TB/s) asks 460 TFLOP/s, past what mma.sync sustains in
-/// attention (stage 07's forward: 355 of its 649 peak) and within reach of
-/// wgmma (stage 08: 700).
-inline constexpr int kWideRows = 128;
-/// Threads of the Hopper kernel: two warpgroups, one per 64 rows.
-inline constexpr int kWideThreads = 256;
+/// query heads x 4 queries = 128 rows) runs in blocks of one warpgroup and
+/// kWideRows = 64 rows (wgmma's M) on Hopper's asynchronous tensor cores.
+/// There the time is the tensor cores', not the bytes': each K/V byte feeds
+/// 128 rows, 128 FLOPs a byte, so 85 % of the copy ceiling (4.23 TB/s) asks
+/// 460 TFLOP/s, past what mma.sync sustains in attention (stage 07's
+/// forward: 355 of its 649 peak) and within reach of wgmma (stage 08: 700).
+/// The row tiles of one split are consecutive blocks (split_wgmma_kernel),
+/// so they run together and the second reads the split's keys from L2.
+inline constexpr int kWideRows = 64;
+/// Threads of the Hopper kernel: one warpgroup.
+inline constexpr int kWideThreads = 128;
 /// Keys of the Hopper kernel's K/V tile: S is m64 x n64 (32 fp32 a thread),
 /// P~ V four k16 steps; 64 is also kPageKeyMultiple, so a paged tile is one
 /// page's contiguous block.
 inline constexpr int kWideKeys = 64;
-/// K/V tiles in the Hopper kernel's shared memory: 5 of 32 KiB with Q's
-/// 32 KiB take 193 KiB, one block an SM (kWideResidentBlocks), and keep 3
-/// to 4 tiles (96 to 128 KiB) in flight, past the 55 to 75 KB an SM's share
-/// of HBM needs (mma_stages).
-inline constexpr int kWideStages = 5;
-/// Blocks of the Hopper kernel an SM holds: one (its shared memory).
-inline constexpr int kWideResidentBlocks = 1;
+/// K/V tiles in the Hopper kernel's shared memory: 3 of 32 KiB with Q's
+/// 16 KiB take 113 KiB, two blocks an SM (kWideResidentBlocks), so that one
+/// block's softmax runs beside the other's products (the two are not tied by
+/// any barrier). Each block has 1 to 2 tiles in flight, 64 to 128 KiB an SM,
+/// past the 55 to 75 KB an SM's share of HBM needs (mma_stages).
+inline constexpr int kWideStages = 3;
+/// Blocks of the Hopper kernel an SM holds: two (its shared memory, and its
+/// registers: 2 x 128 threads x up to 256).
+inline constexpr int kWideResidentBlocks = 2;
 /// Whether a problem of type t, head-dimension bucket kD and group_rows rows
 /// a K/V head takes the Hopper kernel's layout on an sm_90 GPU (with 16-byte
 /// rows and aligned tensors: the caller checks those).

@@ -6,24 +6,27 @@
 // the group. MQA on 32 heads with Nq = 4 has 128 rows a K/V head: 128 FLOPs
 // per byte of K and V, so at the copy ceiling the tensor cores must sustain
 // 540 TFLOP/s, and 85 % of it 460. The mma.sync kernel takes such a group
-// in four 32-row tiles (four blocks reading the same keys) at about
-// 190 TFLOP/s; this kernel takes it in one block of 128 rows, two
-// warpgroups of 64 (wgmma's M), and runs each product as one wgmma chain.
+// in four 32-row tiles at about 190 TFLOP/s; this kernel takes it in two
+// blocks of one warpgroup and 64 rows (wgmma's M) each, and runs each
+// product as one wgmma chain.
 //
-//   block (row tile of kWideRows, split s, K/V head kvh), 256 threads
-//   warpgroup w: rows 64 w .. 64 w + 63 of the tile (r = g Nq + i, as in the
-//                plan), all of the split's keys, in K/V tiles of kWideKeys
-//   per tile    S = Q_w Kj^T     8 x wgmma m64n64k16, Q_w and Kj in smem
+//   block (row tile of kWideRows, split s, K/V head kvh), 128 threads
+//   the tile's rows r0 .. r0 + 63 (r = g Nq + i, as in the plan), all of the
+//   split's keys, in K/V tiles of kWideKeys:
+//   per tile    S = Qi Kj^T      8 x wgmma m64n64k16, Qi and Kj in smem
 //               softmax          the thread's rows, as stage 08's
 //               O~ += P~ Vj      4 x wgmma m64n128k16, P~ from registers
 //
 // The tiles arrive by cp.async (every thread copies its share, written in the
 // 128-byte swizzle the descriptors read), kWideStages deep. No producer warp
-// and no TMA: a decode's tile is 64 keys of one head, and one block an SM
-// keeps 3 to 4 of them in flight. Within a warpgroup the softmax of tile
-// t + 1 runs while O~ += P~_t Vt is on the tensor cores (FlashAttention-3's
-// intra-warpgroup overlap): S_{t+1} is issued first, then P~_t Vt, and the
-// warpgroup waits for S_{t+1} alone before its exponentials.
+// and no TMA: a decode's tile is 64 keys of one head, and two blocks an SM
+// keep 2 to 4 of them in flight; the two blocks share no barrier, so one's
+// softmax runs beside the other's products. Within a block the softmax of
+// tile t + 1 runs while O~ += P~_t Vt is on the tensor cores
+// (FlashAttention-3's intra-warpgroup overlap): S_{t+1} is issued first,
+// then P~_t Vt, and the warpgroup waits for S_{t+1} alone before its
+// exponentials. The row tiles of one split are consecutive blocks, so they
+// run at the same time and all but the first find the split's keys in L2.
 //
 // What a block writes is the mma.sync kernel's: with several splits the
 // partial (O_s, L_s) of its rows in fp32, merged by the merge kernel, or with
@@ -47,20 +50,19 @@ namespace {
 
 // The shapes the Hopper kernel fixes (split_kv_plan.h says why each).
 constexpr int kD = 128;                                    // the head-dimension bucket it serves
-constexpr int kWgRows = sm90::kWgmmaM;                     // rows of one warpgroup
-constexpr int kWarpgroups = kWideRows / kWgRows;           // 2
 constexpr int kSRegs = kWideKeys / 2;                      // S's fp32 a thread (m64 x n64)
 constexpr int kORegs = kD / 2;                             // O~'s fp32 a thread (m64 x n128)
 constexpr int kQKSteps = kD / sm90::kWgmmaK;               // k16 steps of Q Kj^T
 constexpr int kPVSteps = kWideKeys / sm90::kWgmmaK;        // k16 steps of P~ Vj
 constexpr int kChunksPerRow = kD / sm80::kChunkElems;      // 16-byte chunks of a row
-// Shared memory: Q [kWideRows][kD], then kWideStages x (Kj, Vj [kWideKeys][kD]),
+// Shared memory: Qi [kWideRows][kD], then kWideStages x (Kj, Vj [kWideKeys][kD]),
 // each in the 128-byte swizzle (column blocks of 64 elements), from a
 // 1024-byte boundary (the swizzle is computed from address bits).
 constexpr int kQBytes = kWideRows * kD * 2;
 constexpr int kTileBytes = kWideKeys * kD * 2;
 constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kQBytes + 2 * kWideStages * kTileBytes;
-static_assert(kWarpgroups * sm90::kWarpgroupThreads == kWideThreads, "a warpgroup per 64 rows");
+static_assert(kWideRows == sm90::kWgmmaM && kWideThreads == sm90::kWarpgroupThreads,
+              "one warpgroup, one m64 wgmma tall");
 static_assert(kWideKeys % kPageKeyMultiple == 0 || kPageKeyMultiple % kWideKeys == 0,
               "a paged tile lies inside one page");
 static_assert(kSmemBytes <= sm90::kMaxSmemBytesPerBlock, "Q and the K/V stages fit one block");
@@ -69,7 +71,7 @@ static_assert(kD % sm90::kSwizzleRowElems == 0, "d is whole column blocks");
 // Copies rows [0, rows_valid) x columns [0, d) of a row-major array with d
 // columns (d a multiple of 8, 16-byte aligned rows) into a [kTileRows] x kD
 // tile in the 128-byte swizzle, zeros elsewhere, by 16-byte cp.async:
-// thread k copies chunks k, k + 256, ... (consecutive threads, consecutive
+// thread k copies chunks k, k + 128, ... (consecutive threads, consecutive
 // chunks of a row). The caller commits the group.
 template <int kTileRows, typename Elem>
 __device__ inline void load_swizzled(unsigned char* tile, const Elem* src, int rows_valid, int d) {
@@ -82,7 +84,7 @@ __device__ inline void load_swizzled(unsigned char* tile, const Elem* src, int r
   }
 }
 
-// S = Q_w Kj^T as one wgmma-group, not waited for: kQKSteps m64n64k16
+// S = Qi Kj^T as one wgmma-group, not waited for: kQKSteps m64n64k16
 // reading both through K-major descriptors; k16 step kk lies in column block
 // kk / 4, 32 bytes a step into its 128-byte rows (stage 08's issue_qk).
 template <typename Elem>
@@ -180,11 +182,10 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
   unsigned char* base =
       raw + (sm90::kSwizzleAtomBytes - sm90::smem_address(raw) % sm90::kSwizzleAtomBytes) %
                 sm90::kSwizzleAtomBytes;
-  unsigned char* Qs = base;  // [kWideRows][kD], swizzled
+  unsigned char* Qs = base;  // Qi [kWideRows][kD], swizzled
   auto Ks = [&](int stage) { return base + kQBytes + 2 * stage * kTileBytes; };  // [kWideKeys][kD]
   auto Vs = [&](int stage) { return Ks(stage) + kTileBytes; };                     // [kWideKeys][kD]
-  const int wg = threadIdx.x / sm90::kWarpgroupThreads;
-  const int warp = threadIdx.x % sm90::kWarpgroupThreads / kWarpSize;  // in the warpgroup
+  const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // accumulator coordinates (sm90::accumulator_coord)
   const std::int64_t units = p.row_tiles * p.splits;
@@ -197,8 +198,9 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
     const Elem* V = p.V + head_base<kPaged>(p, kvh);
     const std::int64_t row_base = query_head(kvh, 0, p.H, p.H_kv) * p.Nq;  // the group's row 0
     for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-      const std::int64_t s = u % p.splits;
-      const std::int64_t r0 = u / p.splits * kWideRows;
+      // Row tile first: the row tiles of a split are consecutive blocks.
+      const std::int64_t s = u / p.row_tiles;
+      const std::int64_t r0 = u % p.row_tiles * kWideRows;
       const int rows = static_cast<int>(min(static_cast<std::int64_t>(kWideRows), p.group_rows - r0));
       const int k_lo = static_cast<int>(s * p.keys_per_split);
       const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
       // padding rows (past `rows`: Q zero, never written) the whole split.
       // Tiles that start below `unmasked`, the fewest any row of the warp
       // sees, need no mask.
-      const int row0 = wg * kWgRows + 16 * warp + g;  // the thread's row h = 0 in the tile
+      const int row0 = 16 * warp + g;  // the thread's row h = 0 in the tile
       int end[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -243,10 +245,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
                           : k_hi;
       }
       const int unmasked = __reduce_min_sync(kFullWarpMask, min(end[0], end[1]));
-      // A warpgroup whose 64 rows are all padding only copies and meets the
-      // barriers (warpgroup-uniform, so its wgmma are skipped whole).
-      const bool live = wg * kWgRows < rows;
-      const std::uint32_t q_addr = sm90::smem_address(Qs) + wg * kWgRows * sm90::kSwizzleRowBytes;
+      const std::uint32_t q_addr = sm90::smem_address(Qs);
 
       float O[kORegs];
 #pragma unroll
@@ -259,14 +258,12 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
       };
 
       if (tiles > 0) {
-        wait_tiles(std::integral_constant<int, kWideStages - 2>{});  // Q and tile 0 (group 0)
-        if (live) {
-          sm90::wgmma_fence();
-          issue_scores<Elem>(S, q_addr, sm90::smem_address(Ks(0)));
-          sm90::wgmma_wait<0>();
-          sm90::fence_accumulators(S);
-          scores_softmax(0);  // O~ is zero: nothing to rescale
-        }
+        wait_tiles(std::integral_constant<int, kWideStages - 2>{});  // Qi and tile 0 (group 0)
+        sm90::wgmma_fence();
+        issue_scores<Elem>(S, q_addr, sm90::smem_address(Ks(0)));
+        sm90::wgmma_wait<0>();
+        sm90::fence_accumulators(S);
+        scores_softmax(0);  // O~ is zero: nothing to rescale
       }
       // One K/V tile t: P~_t Vt, and with `next` (kNext: a compile-time
       // flag, so that no branch lies between the wgmma of one fenced run,
@@ -278,7 +275,6 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
         // tile t + kWideStages - 1.
         wait_tiles(std::integral_constant<int, kWideStages - 3>{});
         issue_tile(t + kWideStages - 1);
-        if (!live) return;
         std::uint32_t a[kPVSteps][4];
         pack_p<Elem>(a, S);  // before the fence: S_{t+1} overwrites S
         sm90::wgmma_fence();
@@ -310,7 +306,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
         sum += __shfl_xor_sync(kFullWarpMask, sum, 1);
         sum += __shfl_xor_sync(kFullWarpMask, sum, 2);
         const int r = row0 + 8 * h;
-        if (!live || r >= rows) continue;
+        if (r >= rows) continue;
         const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
         const float L = sum == 0.0f ? -INFINITY : (m[h] + log2f(sum)) * kLn2;
         const std::int64_t row = row_base + r0 + r;  // of O: [B * H * Nq]
