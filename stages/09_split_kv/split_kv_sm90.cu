@@ -61,8 +61,10 @@ constexpr int kChunksPerRow = kD / sm80::kChunkElems;      // 16-byte chunks of 
 constexpr int kQBytes = kWideRows * kD * 2;
 constexpr int kTileBytes = kWideKeys * kD * 2;
 constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kQBytes + 2 * kWideStages * kTileBytes;
-static_assert(kWideRows == sm90::kWgmmaM && kWideThreads == sm90::kWarpgroupThreads,
-              "one warpgroup, one m64 wgmma tall");
+constexpr int kWarpgroups = kWideRows / sm90::kWgmmaM;     // one per 64 rows
+static_assert(kWarpgroups * sm90::kWgmmaM == kWideRows &&
+                  kWarpgroups * sm90::kWarpgroupThreads == kWideThreads,
+              "a warpgroup per m64 of rows");
 static_assert(kWideKeys % kPageKeyMultiple == 0 || kPageKeyMultiple % kWideKeys == 0,
               "a paged tile lies inside one page");
 static_assert(kSmemBytes <= sm90::kMaxSmemBytesPerBlock, "Q and the K/V stages fit one block");
@@ -81,6 +83,28 @@ __device__ inline void load_swizzled(unsigned char* tile, const Elem* src, int r
     const bool in = row < rows_valid && col < d;
     sm80::cp_async_16(tile + sm90::swizzle128_offset(row, col, kTileRows),
                       in ? src + static_cast<std::int64_t>(row) * d + col : src, in);
+  }
+}
+
+// The same for a whole tile (kTileRows rows, all d = kD columns, a
+// contiguous [kTileRows, kD] source): thread k's chunks sit in rows
+// k / 16 + 8 j at one column, so they are kTileRows / 8 copies at constant
+// offsets from the first, 8 rows (1024 bytes, one swizzle atom) apart in the
+// tile and 8 kD elements apart in the source. load_swizzled works out each
+// chunk's row, column, bounds and swizzle; in the tile loop those were most
+// of the kernel's integer instructions (ncu: the warps issued every third
+// cycle, with two a scheduler).
+template <int kTileRows, typename Elem>
+__device__ inline void load_full_swizzled(unsigned char* tile, const Elem* src) {
+  constexpr int kRowsPerPass = kWideThreads / kChunksPerRow;  // whole swizzle atoms
+  static_assert(kRowsPerPass % sm90::kSwizzleAtomRows == 0, "a pass is whole swizzle atoms");
+  const int row = threadIdx.x / kChunksPerRow, col = threadIdx.x % kChunksPerRow * sm80::kChunkElems;
+  unsigned char* to = tile + sm90::swizzle128_offset(row, col, kTileRows);
+  const Elem* from = src + row * kD + col;
+#pragma unroll
+  for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
+    sm80::cp_async_16(to + pass * kRowsPerPass * sm90::kSwizzleRowBytes, from + pass * kRowsPerPass * kD,
+                      true);
   }
 }
 
@@ -118,18 +142,23 @@ __device__ inline void issue_output(float (&O)[kORegs], const std::uint32_t (&a)
   sm90::wgmma_commit();
 }
 
-// Algorithm 1's lines 9-10 up to the product on one tile of scores, for the
-// thread's rows h = 0 (g) and 1 (g + 8) of its warp: scaled to log2 units,
-// keys at or past end[h] - key0 set to -inf (with `mask`), m moved, P~ in
-// place of S, l rescaled and increased; alpha = 2^(m_old - m_new). Returns
-// whether any row of the warp moved its max.
+// Algorithm 1's lines 9-10 up to the product on one tile of raw scores, for
+// the thread's rows h = 0 (g) and 1 (g + 8) of its warp: keys at or past
+// end[h] - key0 set to -inf (with `mask`), m moved (log2 units), P~ in place
+// of S, l rescaled and increased; alpha = 2^(m_old - m_new). Returns whether
+// any row of the warp moved its max. With a positive scale (kPositive) the
+// max is taken over the raw scores and each exponential is one FFMA and one
+// MUFU (2^(s scale - m)), as stage 08's; any other scale multiplies each
+// score first (a max of -s is not the max of s).
+template <bool kPositive>
 __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], float scale_log2, bool mask, int key0,
                                       const int (&end)[2]) {
   const int t4 = threadIdx.x % 4;
+  const float unit = kPositive ? scale_log2 : 1.0f;  // the scale still to apply
 #pragma unroll
   for (int r = 0; r < kSRegs; ++r) {
-    S[r] *= scale_log2;  // any sign of the scale: each score is scaled, then masked
+    if constexpr (!kPositive) S[r] *= scale_log2;
     const int col = 8 * (r / 4) + 2 * t4 + r % 2;  // sm90::accumulator_coord's column
     if (mask && col >= end[r % 4 / 2] - key0) S[r] = -INFINITY;
   }
@@ -141,7 +170,7 @@ __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (
     for (int nt = 0; nt < kSRegs / 4; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, 2));
-    const float m_new = fmaxf(m[h], mx);
+    const float m_new = fmaxf(m[h], mx * unit);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: 2^(-inf - 0) = 0
     alpha[h] = sm80::fast_exp2(m[h] - m_use);
     moved = moved || m_new != m[h];
@@ -151,7 +180,7 @@ __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (
     for (int nt = 0; nt < kSRegs / 4; ++nt) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        S[4 * nt + e] = sm80::fast_exp2(S[4 * nt + e] - m_use);
+        S[4 * nt + e] = sm80::fast_exp2(fmaf(S[4 * nt + e], unit, -m_use));
         sum += S[4 * nt + e];
       }
     }
@@ -185,7 +214,8 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
   unsigned char* Qs = base;  // Qi [kWideRows][kD], swizzled
   auto Ks = [&](int stage) { return base + kQBytes + 2 * stage * kTileBytes; };  // [kWideKeys][kD]
   auto Vs = [&](int stage) { return Ks(stage) + kTileBytes; };                     // [kWideKeys][kD]
-  const int warp = threadIdx.x / kWarpSize;
+  const int wg = threadIdx.x / sm90::kWarpgroupThreads;
+  const int warp = threadIdx.x % sm90::kWarpgroupThreads / kWarpSize;  // in the warpgroup
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // accumulator coordinates (sm90::accumulator_coord)
   const std::int64_t units = p.row_tiles * p.splits;
@@ -207,12 +237,21 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
       const int tiles = k_hi > k_lo ? (k_hi - k_lo - 1) / kWideKeys + 1 : 0;
       // K/V tile tt into its stage, as one cp.async group (empty past the
       // split), so that the waits count tiles.
+      // A tile with all its keys in the split and d = kD (every tile but a
+      // ragged last one, at d = 128) takes load_full_swizzled.
+      const bool full_width = p.d == kD;
       auto issue_tile = [&](int tt) {
         if (tt < tiles) {
           const int kt = k_lo + tt * kWideKeys;
-          const std::int64_t at = tile_offset<kPaged>(p, kvh, kt, p.d);
-          load_swizzled<kWideKeys>(Ks(tt % kWideStages), K + at, k_hi - kt, p.d);
-          load_swizzled<kWideKeys>(Vs(tt % kWideStages), V + at, k_hi - kt, p.d);
+          if (full_width && k_hi - kt >= kWideKeys) {
+            const std::int64_t at = tile_offset<kPaged>(p, kvh, kt, kD);
+            load_full_swizzled<kWideKeys>(Ks(tt % kWideStages), K + at);
+            load_full_swizzled<kWideKeys>(Vs(tt % kWideStages), V + at);
+          } else {
+            const std::int64_t at = tile_offset<kPaged>(p, kvh, kt, p.d);
+            load_swizzled<kWideKeys>(Ks(tt % kWideStages), K + at, k_hi - kt, p.d);
+            load_swizzled<kWideKeys>(Vs(tt % kWideStages), V + at, k_hi - kt, p.d);
+          }
         }
         sm80::cp_async_commit();
       };
@@ -235,7 +274,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
       // padding rows (past `rows`: Q zero, never written) the whole split.
       // Tiles that start below `unmasked`, the fewest any row of the warp
       // sees, need no mask.
-      const int row0 = 16 * warp + g;  // the thread's row h = 0 in the tile
+      const int row0 = wg * sm90::kWgmmaM + 16 * warp + g;  // the thread's row h = 0 in the tile
       int end[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -245,25 +284,33 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
                           : k_hi;
       }
       const int unmasked = __reduce_min_sync(kFullWarpMask, min(end[0], end[1]));
-      const std::uint32_t q_addr = sm90::smem_address(Qs);
+      // A warpgroup whose 64 rows are all padding only copies and meets the
+      // barriers (warpgroup-uniform, so its wgmma are skipped whole).
+      const bool live = wg * sm90::kWgmmaM < rows;
+      const std::uint32_t q_addr = sm90::smem_address(Qs) + wg * sm90::kWgmmaM * sm90::kSwizzleRowBytes;
 
       float O[kORegs];
 #pragma unroll
       for (int r = 0; r < kORegs; ++r) O[r] = 0.0f;
       float S[kSRegs];
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+      const bool positive = p.scale_log2 > 0.0f;  // uniform: the branch is taken alike everywhere
       auto scores_softmax = [&](int tt) {  // S of tile tt has landed in the registers
         const int key0 = k_lo + tt * kWideKeys;
-        return online_softmax(S, m, l, alpha, p.scale_log2, unmasked - key0 < kWideKeys, key0, end);
+        const bool mask = unmasked - key0 < kWideKeys;
+        return positive ? online_softmax<true>(S, m, l, alpha, p.scale_log2, mask, key0, end)
+                        : online_softmax<false>(S, m, l, alpha, p.scale_log2, mask, key0, end);
       };
 
       if (tiles > 0) {
         wait_tiles(std::integral_constant<int, kWideStages - 2>{});  // Qi and tile 0 (group 0)
-        sm90::wgmma_fence();
-        issue_scores<Elem>(S, q_addr, sm90::smem_address(Ks(0)));
-        sm90::wgmma_wait<0>();
-        sm90::fence_accumulators(S);
-        scores_softmax(0);  // O~ is zero: nothing to rescale
+        if (live) {
+          sm90::wgmma_fence();
+          issue_scores<Elem>(S, q_addr, sm90::smem_address(Ks(0)));
+          sm90::wgmma_wait<0>();
+          sm90::fence_accumulators(S);
+          scores_softmax(0);  // O~ is zero: nothing to rescale
+        }
       }
       // One K/V tile t: P~_t Vt, and with `next` (kNext: a compile-time
       // flag, so that no branch lies between the wgmma of one fenced run,
@@ -275,6 +322,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
         // tile t + kWideStages - 1.
         wait_tiles(std::integral_constant<int, kWideStages - 3>{});
         issue_tile(t + kWideStages - 1);
+        if (!live) return;
         std::uint32_t a[kPVSteps][4];
         pack_p<Elem>(a, S);  // before the fence: S_{t+1} overwrites S
         sm90::wgmma_fence();
@@ -306,7 +354,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
         sum += __shfl_xor_sync(kFullWarpMask, sum, 1);
         sum += __shfl_xor_sync(kFullWarpMask, sum, 2);
         const int r = row0 + 8 * h;
-        if (r >= rows) continue;
+        if (!live || r >= rows) continue;
         const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
         const float L = sum == 0.0f ? -INFINITY : (m[h] + log2f(sum)) * kLn2;
         const std::int64_t row = row_base + r0 + r;  // of O: [B * H * Nq]
