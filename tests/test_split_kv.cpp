@@ -409,6 +409,43 @@ TEST_CASE("stage 09 in bf16 and fp16: the mirror passes FlashAttention's rule an
   }
 }
 
+TEST_CASE("stage 09 in bf16, wide groups: the Hopper kernel's 64-row tiles, counted by the model as by the mirror") {
+  // More than kRows rows a K/V head at d = 128 in 16 bits (wide_group): the
+  // host models plan the sm_90 kernel's layout, kWideRows rows a block.
+  struct Shape {
+    std::int64_t B, H, H_kv, Nq, Nk, d;
+  };
+  const Shape shapes[] = {{1, 32, 1, 4, 1000, 128}, {2, 16, 2, 16, 300, 96}, {1, 32, 1, 3, 257, 128}};
+  std::uint64_t seed = 160;
+  for (const Shape& sh : shapes) {
+    for (bool causal : {false, true}) {
+      Problem p = flashstep::test::make_problem(sh.B, sh.H, sh.Nq, sh.Nk, sh.d, causal);
+      p.H_kv = sh.H_kv;
+      p.dtype = flashstep::DType::kBf16;
+      CAPTURE(p.describe());
+      REQUIRE(sk::model_wide(p));
+      const auto in = flashstep::random_inputs(p, seed++);
+      const std::vector<std::int64_t> full(static_cast<size_t>(p.B), p.Nk);
+      for (bool split : {true, false}) {
+        CAPTURE(split);
+        const sk::Plan plan = sk::make_plan(p, sk::kModelSmCount, split, false, true);
+        CHECK(plan.tile_rows == sk::kWideRows);
+        CHECK(plan.row_tiles == (p.group() * p.Nq - 1) / sk::kWideRows + 1);
+        const Run r = run_kvcache(p, in, full, sk::kModelSmCount, split);
+        flashstep::test::check_counts_equal(r.counted, split ? sk::model(p) : sk::model_one_block(p));
+      }
+    }
+  }
+  // By hand: MQA on 32 heads, Nq = 4 (128 rows: two row tiles), one tile of
+  // 64 keys, one block a row tile. SRAM reads: Q a tile, 128 x 128 x 2 B =
+  // 32,768; K and V once a row tile, 2 x 2 x 64 x 128 x 2 B = 65,536.
+  Problem p = flashstep::test::make_problem(1, 32, 4, 64, 128, false);
+  p.H_kv = 1;
+  p.dtype = flashstep::DType::kBf16;
+  CHECK(sk::model_one_block(p).sram_read_bytes == 32768 + 65536);
+  CHECK_FALSE(sk::model_wide(flashstep::test::make_problem(1, 32, 1, 64, 128, false)));  // 32 rows
+}
+
 TEST_CASE("stage 09 in bf16: Q's fragments once a split where held in registers, and the narrow layout, by hand") {
   // One query head group, one split (the one-block plan), no mask. SRAM reads by hand
   // (split_kv_model.cpp's conventions): S slices a step, RG warps sharing a

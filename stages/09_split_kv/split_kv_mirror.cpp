@@ -161,17 +161,25 @@ void cuda_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO 
 // the A operand of P~ V (l sums the unrounded P~, as the kernel's registers
 // do). At the end the slices' (O_w, L_w) are merged with the partial-merge
 // rule through shared memory.
+//
+// With `wide` (the Hopper kernel, split_kv_sm90.cu) one warpgroup holds the
+// unit's rows for whole K/V tiles of kWideKeys keys: one slice as wide as
+// the tile, Q read from shared memory for every tile (the wgmma's A
+// operand), and at the end O = O~ / l and L straight from the registers, no
+// slices to merge.
 template <typename OutO, typename OutL>
 void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, OutO out_O,
-                      OutL out_L, Cost& c) {
+                      OutL out_L, Cost& c, bool wide) {
   constexpr std::int64_t F = kFloatBytes;
   const int kD = head_dim_bucket(p.d);
   // Slices per barrier step and the warps that share each (mma_step_slices:
   // with the narrow layout, a pair of tiles' four slices, one warp each).
   const std::int64_t group_rows = p.group() * p.Nq;
-  const std::int64_t slices = mma_step_slices(kD, group_rows);
-  const std::int64_t row_groups = mma_step_row_groups(kD, group_rows);
-  const std::int64_t tile_keys = slices * kWarpKeys;
+  const std::int64_t slices = wide ? 1 : mma_step_slices(kD, group_rows);
+  const std::int64_t row_groups = wide ? 1 : mma_step_row_groups(kD, group_rows);
+  const std::int64_t slice_keys = wide ? kWideKeys : kWarpKeys;
+  const std::int64_t tile_keys = slices * slice_keys;
+  const bool q_in_registers = !wide && mma_q_in_registers(kD);
   const std::int64_t d = p.d, E = p.elem_bytes(), rows = u.rows;
   const auto scale_log2 = static_cast<float>(p.softmax_scale() * kLog2e);
   const std::vector<std::int64_t> end = row_ends(p, u);
@@ -183,23 +191,23 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
   // tile, or once per split where the warps hold them in registers
   // (mma_q_in_registers) and the split has a tile.
   const std::int64_t q_frag_bytes = slices * rows * d * E;
-  if (mma_q_in_registers(kD) && u.k_hi > u.k_lo) c.sram_read_bytes += q_frag_bytes;
+  if (q_in_registers && u.k_hi > u.k_lo) c.sram_read_bytes += q_frag_bytes;
   for (std::int64_t kt = u.k_lo; kt < u.k_hi; kt += tile_keys) {
     const std::int64_t keys = std::min(tile_keys, u.k_hi - kt);
     c.hbm_read_bytes += 2 * keys * d * E;    // the K and V tiles
     c.sram_write_bytes += 2 * keys * d * E;  // ... staged in p.dtype
     // Fragments: Q's (above), and each key of K and V read by the row
     // groups' warps that share its slice.
-    if (!mma_q_in_registers(kD)) c.sram_read_bytes += q_frag_bytes;
+    if (!q_in_registers) c.sram_read_bytes += q_frag_bytes;
     c.sram_read_bytes += 2 * row_groups * keys * d * E;
     for (std::int64_t w = 0; w < slices; ++w) {
-      const std::int64_t k0 = kt + w * kWarpKeys;
-      const std::int64_t wkeys = std::clamp<std::int64_t>(u.k_hi - k0, 0, kWarpKeys);
+      const std::int64_t k0 = kt + w * slice_keys;
+      const std::int64_t wkeys = std::clamp<std::int64_t>(u.k_hi - k0, 0, slice_keys);
       if (wkeys == 0) continue;  // a slice past the split's end: padding only
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t at = w * rows + r;
         const float* q = t.Q + u.row_of[r] * d;
-        float score[kWarpKeys];
+        float score[kWideKeys];  // slice_keys of them
         float tile_max = -INFINITY;
         for (std::int64_t j = 0; j < wkeys; ++j) {
           float dot = 0.0f;
@@ -213,9 +221,9 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
           if (k0 + j >= end[r]) score[j] = -INFINITY;
           tile_max = op(c, std::fmax(tile_max, score[j]));
         }
-        float p_ij[kWarpKeys];
+        float p_ij[kWideKeys];
         const float alpha = online_softmax(c, m[at], l[at], score, tile_max, wkeys, p_ij);
-        const float* v_row[kWarpKeys];
+        const float* v_row[kWideKeys];
         for (std::int64_t j = 0; j < wkeys; ++j) v_row[j] = u.kv.v(k0 + j);
         for (std::int64_t e = 0; e < d; ++e) {
           float o = op(c, acc[at * d + e] * alpha);
@@ -227,6 +235,19 @@ void tensor_core_unit(const Problem& p, const HostTensors& t, const Unit& u, Out
         c.matmul_flops += 2 * wkeys * d;
       }
     }
+  }
+  if (wide) {  // O = O~ / l and L from the registers (counted even where l = 0)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float inv_div = op(c, 1.0f / l[r]);
+      const float inv = l[r] == 0.0f ? 0.0f : inv_div;
+      float* O = out_O(r);
+      for (std::int64_t e = 0; e < d; ++e) {
+        const float o = op(c, acc[r * d + e] * inv);
+        O[e] = u.merge ? o : round_to_dtype(p.dtype, o);  // partials stay fp32
+      }
+      out_L(r) = row_lse(c, m[r], l[r]);
+    }
+    return;
   }
   // Each slice's partial per row: 1/l, O_w = O~ / l, L_w = (m + log2 l) ln 2,
   // into shared memory (counted even where l = 0 selects 0 and -inf).
@@ -315,8 +336,8 @@ Cost run(const Problem& p, const HostTensors& t, const CacheView& cache, const P
         seqlens ? std::clamp<std::int64_t>(seqlens[b] + cache.new_keys, 0, p.Nk) : p.Nk;
     const HeadRows kv{cache.K, cache.V, cache.layout, kvh, p.kv_heads(), p.Nk, d};
     for (std::int64_t tile = 0; tile < plan.row_tiles; ++tile) {
-      const std::int64_t r0 = tile * kRows;
-      const std::int64_t rows = std::min<std::int64_t>(kRows, plan.group_rows - r0);
+      const std::int64_t r0 = tile * plan.tile_rows;
+      const std::int64_t rows = std::min<std::int64_t>(plan.tile_rows, plan.group_rows - r0);
       // The tile's query rows: their place in Q, O and L, and their queries i.
       std::vector<std::int64_t> row_of(static_cast<size_t>(rows)), query(static_cast<size_t>(rows));
       for (std::int64_t r = 0; r < rows; ++r) {
@@ -338,7 +359,7 @@ Cost run(const Problem& p, const HostTensors& t, const CacheView& cache, const P
         if (p.dtype == DType::kFp32) {
           cuda_core_unit(p, t, u, out_O, out_L, c);
         } else {
-          tensor_core_unit(p, t, u, out_O, out_L, c);
+          tensor_core_unit(p, t, u, out_O, out_L, c, plan.tile_rows == kWideRows);
         }
         c.hbm_write_bytes += merge ? rows * (d + 1) * F : rows * (d * E + F);  // O_s, L_s or O, L
       }
@@ -398,17 +419,19 @@ Cost run(const Problem& p, const HostTensors& t, const CacheView& cache, const P
 }  // namespace
 
 Cost mirror(const Problem& p, const HostTensors& t) {
-  return run(p, t, {t.K, t.V, nullptr, {}, 0}, make_plan(p, kModelSmCount));
+  return run(p, t, {t.K, t.V, nullptr, {}, 0}, make_plan(p, kModelSmCount, true, false, model_wide(p)));
 }
 
 Cost mirror_one_block(const Problem& p, const HostTensors& t) {
-  return run(p, t, {t.K, t.V, nullptr, {}, 0}, make_plan(p, kModelSmCount, false));
+  return run(p, t, {t.K, t.V, nullptr, {}, 0},
+             make_plan(p, kModelSmCount, false, false, model_wide(p)));
 }
 
 Cost mirror_kvcache(const Problem& p, const HostTensors& t, const std::int64_t* cache_seqlens,
                     int sm_count, bool split) {
   if (!cache_seqlens) throw Error("stage 09: null cache_seqlens");
-  return run(p, t, {t.K, t.V, cache_seqlens, {}, 0}, make_plan(p, sm_count, split));
+  return run(p, t, {t.K, t.V, cache_seqlens, {}, 0},
+             make_plan(p, sm_count, split, false, model_wide(p)));
 }
 
 Cost mirror_kvcache(const Problem& p, const HostTensors& t, const HostKvCache& cache,
@@ -418,7 +441,7 @@ Cost mirror_kvcache(const Problem& p, const HostTensors& t, const HostKvCache& c
   Cost appended;
   if (cache.K_new) append(p, cache, appended);
   Cost c = run(p, t, {cache.K, cache.V, cache.seqlens, cache.layout, cache.K_new ? p.Nq : 0},
-               make_plan(p, sm_count, split, cache.layout.block_table != nullptr));
+               make_plan(p, sm_count, split, cache.layout.block_table != nullptr, model_wide(p)));
   c.hbm_read_bytes += appended.hbm_read_bytes;
   c.hbm_write_bytes += appended.hbm_write_bytes;
   return c;

@@ -125,6 +125,20 @@ Cost count(const Problem& p, const Plan& plan) {
     c.sram_read_bytes = (visible + key_rows) * p.d * (F + E);  // S and P~ V operands
     c.nonmatmul_flops = kFlopsPerVisibleScore * visible + kFlopsPerKey * key_rows +
                         row_kv_tiles * (kFlopsPerRowTile + p.d) + row_ends * (p.d + kFlopsPerRowEnd);
+  } else if (plan.tile_rows == kWideRows) {
+    // The Hopper kernel: per K/V tile of kWideKeys keys each block reads its
+    // rows of Q (the wgmma's A operand) and the tile's K and V once from
+    // shared memory; O and L leave from the registers.
+    std::int64_t tiles = 0;  // K/V tiles a (K/V head, row tile) takes over its splits
+    for (std::int64_t s = 0; s < plan.splits; ++s) {
+      const std::int64_t k_lo = s * plan.keys_per_split;
+      tiles += (std::min(k_lo + plan.keys_per_split, p.Nk) - k_lo - 1) / kWideKeys + 1;
+    }
+    const std::int64_t kv_bytes = kv_heads * plan.row_tiles * 2 * p.Nk * p.d * E;
+    c.sram_write_bytes = plan.splits * rows_total * p.d * E + kv_bytes;  // Q; K and V
+    c.sram_read_bytes = rows_total * tiles * p.d * E + kv_bytes;         // Q a tile; K and V
+    c.nonmatmul_flops = kMmaFlopsPerKey * key_rows + rows_total * tiles * (kFlopsPerRowTile + p.d) +
+                        row_ends * (p.d + kMmaFlopsPerRowEnd);
   } else {
     const int kD = head_dim_bucket(p.d);
     // Slices a barrier step, warps sharing each, keys a step (one K/V tile,
@@ -177,9 +191,13 @@ std::int64_t workspace_bytes(const Problem& p) {
 
 std::int64_t workspace_bytes_one_block(const Problem&) { return 0; }
 
-Cost model(const Problem& p) { return count(p, make_plan(p, kModelSmCount)); }
+Cost model(const Problem& p) {
+  return count(p, make_plan(p, kModelSmCount, true, false, model_wide(p)));
+}
 
-Cost model_one_block(const Problem& p) { return count(p, make_plan(p, kModelSmCount, false)); }
+Cost model_one_block(const Problem& p) {
+  return count(p, make_plan(p, kModelSmCount, false, false, model_wide(p)));
+}
 
 }  // namespace flashstep::split_kv
 
