@@ -32,6 +32,12 @@ run in float32, stage 07's in bfloat16 and float16 (backward_dtypes(stage)). fla
 torch.autograd.Function behind attention() (Attention.apply(q, k, v, stage,
 causal, scale)); it supports one backward, not double backward.
 
+Decoding against a KV cache (stage 09, flash_attn_with_kvcache's arguments
+with heads before positions), contiguous or paged, appending the new tokens:
+
+    o, lse = flashstep.forward_with_kvcache(q, k_cache, v_cache, cache_seqlens,
+                                            k=k_new, v=v_new, block_table=table)
+
 The library is $FLASHSTEP_LIB (the file, or its folder), else the first of
 build/stages/capi/libflashstep.so and build-gpu/stages/capi/libflashstep.so
 under the repository root; `make` builds it. torch is imported only when
@@ -41,7 +47,8 @@ first used), so CPU-only tools can call stages().
     python3 notebooks/flashstep.py             # list the stages
     python3 notebooks/flashstep.py --selftest  # on a GPU: every stage, in each of its
                                                # dtypes, against fp64 SDPA; every backward
-                                               # against fp64 autograd
+                                               # against fp64 autograd; the KV cache
+    python3 notebooks/flashstep.py --selftest-kvcache  # the KV cache alone
 """
 import argparse
 import ctypes
@@ -143,6 +150,10 @@ def _load():
         lib.flashstep_backward_v2.restype = ctypes.c_int
         lib.flashstep_stage_grouped_backward.argtypes = [ctypes.c_char_p]
         lib.flashstep_stage_grouped_backward.restype = ctypes.c_int
+        lib.flashstep_forward_kvcache.argtypes = [
+            ctypes.c_int, i64, i64, i64, i64, i64, i64, ctypes.c_int, ctypes.c_double,
+            ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
+        lib.flashstep_forward_kvcache.restype = ctypes.c_int
         lib.flashstep_last_error.argtypes = []
         lib.flashstep_last_error.restype = ctypes.c_char_p
         _lib = lib
@@ -263,8 +274,9 @@ def _causal_arg(causal):
     return int(bool(causal))
 
 
-def _check_inputs(torch, q, k, v):
-    """One clear TypeError or ValueError for the first thing wrong with q, k, v."""
+def _check_inputs(torch, q, k, v, paged=False):
+    """One clear TypeError or ValueError for the first thing wrong with q, k, v
+    (with `paged`, k and v a pool of pages: their first dimension is not B)."""
     named = (("q", q), ("k", k), ("v", v))
     for name, t in named:
         if not isinstance(t, torch.Tensor):
@@ -289,7 +301,8 @@ def _check_inputs(torch, q, k, v):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
         raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if (q.shape[0], q.shape[3]) != (k.shape[0], k.shape[3]) or q.shape[1] % k.shape[1] != 0:
+    if (q.shape[0] != k.shape[0] and not paged) or q.shape[3] != k.shape[3] or \
+            q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"q [B,H,Nq,d] {tuple(q.shape)} and k [B,H_kv,Nk,d] {tuple(k.shape)} "
                          "disagree on B or d, or H is not a multiple of H_kv")
 
@@ -358,6 +371,63 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
             _stage_bytes(stage), code, B, H, H_kv, Nq, Nk, d, causal_arg, scale_arg,
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
             lse.data_ptr() if lse is not None else None, stream))
+    return o, lse
+
+
+def forward_with_kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None,
+                         causal=False, scale=None):
+    """Stage 09's decode against a KV cache, flash_attn_with_kvcache's arguments
+    with heads before positions: returns (o, lse), o in q's dtype, lse float32.
+
+    q [B, H, Nq, d]: each sequence's Nq newest queries (bottom-right causal).
+    k_cache, v_cache: [B, H_kv, capacity, d], or with block_table a paged pool
+    [num_pages, H_kv, page_keys, d] (page_keys a multiple of 64) and
+    block_table int32 [B, pages_per_seq] (capacity = pages_per_seq page_keys).
+    cache_seqlens int32 [B]: keys each sequence holds before the call.
+    k, v [B, H_kv, Nq, d] (both or neither): appended into the caches in place
+    at cache_seqlens[b] .. first, and seen by the queries; the caller leaves
+    room and moves its lengths on afterwards. Queued on torch's current stream
+    of q's device. One clear TypeError, ValueError or FlashstepError for the
+    first thing wrong."""
+    import torch
+
+    paged = block_table is not None
+    _check_inputs(torch, q, k_cache, v_cache, paged=paged)
+    if (k is None) != (v is None):
+        raise ValueError("k and v go together: pass both (to append) or neither")
+    B, H, Nq, d = q.shape
+    H_kv = k_cache.shape[1]
+    if paged:
+        _check_like(torch, "block_table", block_table,
+                    tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else (),
+                    q.device, "int32 [B, pages_per_seq]", torch.int32)
+        if block_table.dim() != 2 or block_table.shape[0] != B:
+            raise ValueError(f"block_table must be int32 [B, pages_per_seq] with B = {B}, "
+                             f"got shape {tuple(block_table.shape)}")
+        num_pages, page_keys = k_cache.shape[0], k_cache.shape[2]
+        pages_per_seq = block_table.shape[1]
+        capacity = pages_per_seq * page_keys
+    else:
+        num_pages = pages_per_seq = page_keys = 0
+        capacity = k_cache.shape[2]
+    _check_like(torch, "cache_seqlens", cache_seqlens, (B,), q.device, "int32 [B]", torch.int32)
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            _check_like(torch, name, t, (B, H_kv, Nq, d), q.device, "[B, H_kv, Nq, d]", q.dtype)
+    scale_arg = _scale_arg(scale)
+    causal_arg = _causal_arg(causal)
+    code = DTYPE_CODES[_dtype_name(q.dtype)]
+    lib = _load()
+    with torch.cuda.device(q.device):
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _call(torch, lambda: lib.flashstep_forward_kvcache(
+            code, B, H, H_kv, Nq, capacity, d, causal_arg, scale_arg, q.data_ptr(),
+            k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
+            block_table.data_ptr() if paged else None, num_pages, pages_per_seq, page_keys,
+            k.data_ptr() if k is not None else None, v.data_ptr() if v is not None else None,
+            o.data_ptr(), lse.data_ptr(), stream))
     return o, lse
 
 
@@ -687,6 +757,102 @@ def _expect(what, fn, exc_type, fragment, code=None):
     return False
 
 
+# (B, H, H_kv, Nq, capacity, d, causal): KV-cache decodes for
+# forward_with_kvcache, each contiguous and paged (pages of 64 keys, shuffled,
+# with spare pages of NaN), appended to and not; MQA with Nq = 4 at d = 128
+# is a wide group (stage 09's Hopper kernel on sm_90 in 16 bits).
+KVCACHE_PROBLEMS = [
+    (3, 8, 2, 3, 256, 64, True),
+    (2, 32, 1, 4, 320, 128, False),
+    (2, 4, 4, 1, 128, 40, True),
+]
+KVCACHE_PAGE_KEYS = 64  # stage 09's kPageKeyMultiple
+KVCACHE_SPARE_PAGES = 2
+
+
+def _selftest_kvcache(torch, dev, gen):
+    """forward_with_kvcache against fp64 sequence by sequence: returns the failures."""
+    failures = 0
+    for B, H, H_kv, Nq, cap, d, causal in KVCACHE_PROBLEMS:
+        # Lengths before the call: 0, something ragged, and room for Nq more.
+        seqlens = [0, 37, cap - Nq][:B]
+        for name in ("fp32", "bf16"):
+            dtype = TORCH_DTYPES[name]
+            for paged in (False, True):
+                for appends in (False, True):
+                    q, k_full, v_full = (t.to(dtype) for t in _inputs(
+                        torch, B, H, Nq, cap, d, dev, gen, H_kv=H_kv))
+                    k_new, v_new = (t.to(dtype) for t in _inputs(
+                        torch, B, H_kv, Nq, Nq, d, dev, gen)[1:])
+                    lens = torch.tensor(seqlens, dtype=torch.int32, device=dev)
+                    table = None
+                    k_cache, v_cache = k_full.clone(), v_full.clone()
+                    if paged:
+                        per_seq = cap // KVCACHE_PAGE_KEYS
+                        pages = B * per_seq + KVCACHE_SPARE_PAGES
+                        order = torch.randperm(pages, generator=gen, device=dev)[:B * per_seq]
+                        table = order.reshape(B, per_seq).to(torch.int32).contiguous()
+                        pool_shape = (pages, H_kv, KVCACHE_PAGE_KEYS, d)
+                        k_cache = torch.full(pool_shape, math.nan, dtype=dtype, device=dev)
+                        v_cache = torch.full(pool_shape, math.nan, dtype=dtype, device=dev)
+                        for b in range(B):
+                            for j in range(per_seq):
+                                keys = slice(j * KVCACHE_PAGE_KEYS, (j + 1) * KVCACHE_PAGE_KEYS)
+                                k_cache[table[b, j]] = k_full[b, :, keys]
+                                v_cache[table[b, j]] = v_full[b, :, keys]
+                    o, lse = forward_with_kvcache(
+                        q, k_cache, v_cache, lens, k=k_new if appends else None,
+                        v=v_new if appends else None, block_table=table, causal=causal)
+                    torch.cuda.synchronize()
+                    bad, worst = 0, 0.0
+                    for b in range(B):
+                        n = seqlens[b]
+                        k_seq, v_seq = k_full[b:b + 1, :, :n], v_full[b:b + 1, :, :n]
+                        if appends:
+                            k_seq = torch.cat([k_seq, k_new[b:b + 1]], dim=2)
+                            v_seq = torch.cat([v_seq, v_new[b:b + 1]], dim=2)
+                        if k_seq.shape[2] == 0:  # nothing cached, nothing appended
+                            bad += int((o[b] != 0).sum().item())
+                            bad += int((lse[b] != -math.inf).sum().item())
+                            continue
+                        _, o_ref, l_ref, bound = _truth(torch, q[b:b + 1], k_seq, v_seq, causal,
+                                                        None, dtype)
+                        e, nb = _compare(torch, o[b:b + 1], o_ref) if bound is None else \
+                            _compare(torch, o[b:b + 1], o_ref, atol=bound, rtol=0.0)
+                        worst, bad = max(worst, e), bad + nb
+                        bad += _compare(torch, lse[b:b + 1], l_ref)[1]
+                        if appends:  # the new keys landed in the cache
+                            got = k_cache[table[b, n // KVCACHE_PAGE_KEYS], :,
+                                          n % KVCACHE_PAGE_KEYS:n % KVCACHE_PAGE_KEYS + Nq] \
+                                if paged else k_cache[b, :, n:n + Nq]
+                            bad += 0 if torch.equal(got, k_new[b]) else 1
+                    status = "ok" if bad == 0 else "FAIL"
+                    failures += bad != 0
+                    print(f"  forward_with_kvcache {name} B={B} H={H} H_kv={H_kv} Nq={Nq} "
+                          f"cap={cap} d={d}{' causal' if causal else ''}"
+                          f"{' paged' if paged else ''}{' +append' if appends else ''}"
+                          f"  max err O {worst:.1e}  {status}")
+    # Bad input: one clear error each, before or from the library.
+    q, k_cache, v_cache = _inputs(torch, 2, 4, 1, 128, 64, dev, gen, H_kv=2)
+    lens = torch.zeros(2, dtype=torch.int32, device=dev)
+    pool = torch.zeros(4, 2, 32, 64, device=dev)  # pages of 32 keys: not a multiple of 64
+    table = torch.zeros(2, 4, dtype=torch.int32, device=dev)
+    checks = [
+        ("kvcache: int64 cache_seqlens", lambda: forward_with_kvcache(
+            q, k_cache, v_cache, lens.long()), TypeError, "must be torch.int32", None),
+        ("kvcache: k without v", lambda: forward_with_kvcache(
+            q, k_cache, v_cache, lens, k=q[:, :2]), ValueError, "k and v go together", None),
+        ("kvcache: pages of 32 keys", lambda: forward_with_kvcache(
+            q, pool, pool.clone(), lens, block_table=table), FlashstepError,
+         "multiple of 64", EINVAL),
+        ("kvcache: host cache_seqlens", lambda: forward_with_kvcache(
+            q, k_cache, v_cache, lens.cpu()), ValueError, "must be a CUDA tensor", None),
+    ]
+    for what, fn, exc, fragment, code in checks:
+        failures += not _expect(what, fn, exc, fragment, code)
+    return failures
+
+
 def _selftest_backward(torch, dev, gen):
     """Each stage's backward, in each dtype it runs in, against fp64 autograd (in
     16 bits by the gradients' rule, _grad_truth), by backward() and through
@@ -761,7 +927,7 @@ def _selftest_backward(torch, dev, gen):
     return failures
 
 
-def selftest():
+def selftest(kvcache_only=False):
     try:
         import torch
     except ImportError as e:
@@ -776,6 +942,10 @@ def selftest():
           f"{torch.cuda.get_device_name(dev)}")
     TORCH_DTYPES.update(fp32=torch.float32, fp16=torch.float16, bf16=torch.bfloat16)
     gen = torch.Generator(device=dev).manual_seed(0)
+    if kvcache_only:
+        failures = _selftest_kvcache(torch, dev, gen)
+        print(f"selftest: {'FAIL' if failures else 'ok'} ({failures} failing)")
+        return 1 if failures else 0
     problems = []
     for B, H, Nq, Nk, d, causal, scale in SELFTEST_PROBLEMS:
         q, k, v = _inputs(torch, B, H, Nq, Nk, d, dev, gen)
@@ -837,6 +1007,8 @@ def selftest():
               + (f"  ({'; '.join(notes)})" if notes else ""))
 
     failures += _selftest_backward(torch, dev, gen)
+    if "09_split_kv" in stages():
+        failures += _selftest_kvcache(torch, dev, gen)
 
     q, k, v, _, _, _ = problems[0]
     q_host = q.cpu()
@@ -984,9 +1156,14 @@ def main():
     ap.add_argument("--selftest", action="store_true",
                     help="run every stage against fp64 SDPA, every backward against fp64 "
                          "autograd, and check the input errors (GPU)")
+    ap.add_argument("--selftest-kvcache", action="store_true",
+                    help="run forward_with_kvcache alone against fp64 (GPU; a build with stage "
+                         "09 is enough)")
     args = ap.parse_args()
     if args.selftest:
         sys.exit(selftest())
+    if args.selftest_kvcache:
+        sys.exit(selftest(kvcache_only=True))
     print(f"{library_path()}:")
     for name, title in titles().items():
         print(f"  {name:<24} {title}  [{', '.join(dtypes(name))}]"

@@ -519,3 +519,117 @@ TEST_CASE("capi typed backward: a type the stage's backward does not run in is E
   const int code = run_typed("05", FLASHSTEP_FP32);  // as flashstep_backward
   CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
 }
+
+namespace {
+
+// One flashstep_forward_kvcache call on host buffers, each argument
+// overridable: B = 2 sequences, H = 4, H_kv = 2, Nq = 3, a capacity of 128
+// keys, d = 40; paged with `paged` (2 pages of 64 keys a sequence, a pool of 5).
+struct KvCacheCall {
+  static constexpr std::int64_t B = 2, H = 4, H_kv = 2, Nq = 3, capacity = 128, d = 40;
+  static constexpr std::int64_t page_keys = 64, pages_per_seq = 2, pool = 5;
+  std::vector<float> Q = std::vector<float>(B * H * Nq * d);
+  std::vector<float> K = std::vector<float>(pool * H_kv * page_keys * d);
+  std::vector<float> V = std::vector<float>(pool * H_kv * page_keys * d);
+  std::vector<std::int32_t> lens = std::vector<std::int32_t>(B, 7);
+  std::vector<std::int32_t> table = {0, 3, 2, 1};
+  std::vector<float> K_new = std::vector<float>(B * H_kv * Nq * d);
+  std::vector<float> V_new = std::vector<float>(B * H_kv * Nq * d);
+  std::vector<float> O = std::vector<float>(B * H * Nq * d);
+  std::vector<float> L = std::vector<float>(B * H * Nq);
+  int dtype = FLASHSTEP_FP32;
+  std::int64_t cap = capacity, num_pages = pool, per_seq = pages_per_seq, keys = page_keys;
+  const void* q = Q.data();
+  const std::int32_t* seqlens = lens.data();
+  const std::int32_t* block_table = table.data();
+  const void* k_new = K_new.data();
+  const void* v_new = V_new.data();
+  void* o = O.data();
+  int run() {
+    return flashstep_forward_kvcache(dtype, B, H, H_kv, Nq, cap, d, 1, 0.0, q, K.data(), V.data(),
+                                     seqlens, block_table, num_pages, per_seq, keys, k_new, v_new,
+                                     o, L.data(), nullptr);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("capi KV cache: each argument the host can check is one FLASHSTEP_EINVAL line") {
+  KvCacheCall c;
+  SUBCASE("an unknown dtype") {
+    c.dtype = 7;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("dtype must be") == 0);
+  }
+  SUBCASE("an invalid problem: capacity 0") {
+    c.cap = 0;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("Nk") != std::string::npos);
+  }
+  SUBCASE("pages of 32 keys") {
+    c.keys = 32;
+    c.per_seq = 4;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("page_keys 32 must be a positive multiple of 64") != std::string::npos);
+  }
+  SUBCASE("pages that do not make the capacity") {
+    c.per_seq = 3;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("must be the capacity Nk 128") != std::string::npos);
+  }
+  SUBCASE("no pool with a block table, or a pool without one") {
+    c.num_pages = 0;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "num_pages must be >= 1 with a block table, got 0");
+    c.block_table = nullptr;
+    c.num_pages = 5;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "num_pages without a block table");
+  }
+  SUBCASE("K_new without V_new") {
+    c.v_new = nullptr;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("K_new and V_new go together") != std::string::npos);
+  }
+  SUBCASE("null Q, null seqlens") {
+    c.q = nullptr;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "Q is NULL");
+    c.q = c.Q.data();
+    c.seqlens = nullptr;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("null cache_seqlens") != std::string::npos);
+  }
+  SUBCASE("misaligned seqlens") {
+    c.seqlens = shifted(c.lens.data(), 2);
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("cache_seqlens (") == 0);
+    CHECK(last_error().find("is not aligned to 4 bytes (one int32)") != std::string::npos);
+  }
+  SUBCASE("O on top of Q; the cache on top of K_new when appending") {
+    c.o = c.Q.data();
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "O overlaps Q; outputs need memory of their own");
+    c.o = c.O.data();
+    c.k_new = c.K.data();
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error() == "K_cache overlaps K_new; outputs need memory of their own");
+  }
+}
+
+TEST_CASE("capi KV cache: valid arguments on host memory fail cleanly, with or without a GPU") {
+  KvCacheCall c;
+  for (bool paged : {true, false}) {
+    CAPTURE(paged);
+    if (!paged) {  // contiguous: [B, H_kv, capacity, d] fits in the pool's buffers
+      c.block_table = nullptr;
+      c.num_pages = c.per_seq = c.keys = 0;
+    }
+    const int code = c.run();
+    CHECK((code == FLASHSTEP_ECUDA || code == FLASHSTEP_EINVAL));
+    CHECK_FALSE(last_error().empty());
+    if (code == FLASHSTEP_EINVAL) {
+      CHECK(last_error().find("must be device or managed memory") != std::string::npos);
+    }
+  }
+}

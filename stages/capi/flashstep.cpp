@@ -18,6 +18,9 @@
 #include "common/error.h"
 #include "common/problem.h"
 #include "common/stage.h"
+#if FLASHSTEP_HAVE_SPLIT_KV
+#include "09_split_kv/split_kv.h"
+#endif
 
 namespace {
 
@@ -114,6 +117,7 @@ struct Tensor {
   const void* ptr;
   std::int64_t bytes;
   DType type;
+  const char* element = nullptr;  // the element's name where it is not `type`'s (int32)
 };
 
 bool overlap(const Tensor& a, const Tensor& b) {
@@ -262,9 +266,9 @@ void check_aligned(const std::vector<Tensor>& tensors) {
   for (const Tensor& t : tensors) {
     const auto align = static_cast<std::uintptr_t>(flashstep::dtype_bytes(t.type));
     if (reinterpret_cast<std::uintptr_t>(t.ptr) % align != 0) {
-      const std::string element = t.type == DType::kFp32
-                                      ? std::string("float")
-                                      : std::string(flashstep::dtype_name(t.type)) + " element";
+      const std::string element = t.element          ? std::string(t.element)
+                                  : t.type == DType::kFp32 ? std::string("float")
+                                  : std::string(flashstep::dtype_name(t.type)) + " element";
       fail(FLASHSTEP_EINVAL, std::string(t.name) + " (" + address(t.ptr) + ") is not aligned to " +
                                  std::to_string(align) + " bytes (one " + element + ")");
     }
@@ -340,6 +344,95 @@ Problem make_problem(std::int64_t B, std::int64_t H, std::int64_t Nq, std::int64
   p.causal = causal != 0;
   if (!std::isnan(scale) && scale > 0.0) p.scale = scale;  // +Inf: validate refuses it
   return p;
+}
+
+// Bytes of an int32 (cache_seqlens, block_table), checked for alignment as
+// 4-byte elements.
+constexpr std::int64_t kInt32Bytes = 4;
+
+// Stage 09's KV-cache forward (flashstep_forward_kvcache), the checks in the
+// documented order.
+struct KvCacheArgs {
+  const void* Q;
+  void* K_cache;
+  void* V_cache;
+  const std::int32_t* seqlens;
+  const std::int32_t* block_table;
+  std::int64_t num_pages, pages_per_seq, page_keys;
+  const void* K_new;
+  const void* V_new;
+  void* O;
+  float* L;
+};
+
+void forward_kvcache([[maybe_unused]] Problem p, [[maybe_unused]] int dtype,
+                     [[maybe_unused]] const KvCacheArgs& a, [[maybe_unused]] void* stream_handle) {
+#if !FLASHSTEP_HAVE_SPLIT_KV
+  fail(FLASHSTEP_ESTAGE, "flashstep_forward_kvcache needs stage 09_split_kv, which this build "
+                         "leaves out (FLASHSTEP_STAGES_ONLY)");
+#else
+  namespace sk = flashstep::split_kv;
+  p.dtype = dtype_of(dtype);
+  check_problem(p);
+  const bool paged = a.block_table != nullptr;
+  if (!paged && a.num_pages != 0) fail(FLASHSTEP_EINVAL, "num_pages without a block table");
+  if (paged && a.num_pages < 1) {
+    fail(FLASHSTEP_EINVAL, "num_pages must be >= 1 with a block table, got " +
+                               std::to_string(a.num_pages));
+  }
+  const sk::CacheLayout layout{a.block_table, a.pages_per_seq, a.page_keys};
+  try {
+    sk::validate_kvcache(p, nullptr, nullptr, a.K_cache, a.V_cache, a.seqlens, layout, a.K_new,
+                         a.V_new);
+  } catch (const flashstep::Error& e) {
+    fail(FLASHSTEP_EINVAL, e.what());
+  }
+  const DType E = p.dtype;
+  const std::int64_t row_bytes = p.d * p.elem_bytes();  // one key or query row
+  const std::int64_t cache_rows =
+      paged ? a.num_pages * p.kv_heads() * a.page_keys : p.B * p.kv_heads() * p.Nk;
+  const std::int64_t q_bytes = p.q_elems() * p.elem_bytes();
+  const bool appends = a.K_new != nullptr;
+  // Inputs, then what is written: the cache when appending, O and L.
+  std::vector<Tensor> tensors = {{"Q", a.Q, q_bytes, E},
+                                 {"cache_seqlens", a.seqlens, p.B * kInt32Bytes, DType::kFp32, "int32"}};
+  if (paged) {
+    tensors.push_back(
+        {"block_table", a.block_table, p.B * a.pages_per_seq * kInt32Bytes, DType::kFp32, "int32"});
+  }
+  if (appends) {
+    const std::int64_t new_bytes = p.B * p.kv_heads() * p.Nq * row_bytes;
+    tensors.push_back({"K_new", a.K_new, new_bytes, E});
+    tensors.push_back({"V_new", a.V_new, new_bytes, E});
+  }
+  const size_t first_output = appends ? tensors.size() : tensors.size() + 2;
+  tensors.push_back({"K_cache", a.K_cache, cache_rows * row_bytes, E});
+  tensors.push_back({"V_cache", a.V_cache, cache_rows * row_bytes, E});
+  tensors.push_back({"O", a.O, q_bytes, E});
+  tensors.push_back({"L", a.L, p.lse_elems() * flashstep::kFloatBytes, DType::kFp32});
+  for (const Tensor& t : tensors) {
+    if (t.ptr == nullptr) fail(FLASHSTEP_EINVAL, std::string(t.name) + " is NULL");
+  }
+  check_aligned(tensors);  // the int32 arrays as 4-byte elements
+  check_outputs_apart(tensors, first_output);
+
+  check_device_pointers(tensors);
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  Workspace workspace(sk::workspace_bytes(p), "stage 09_split_kv's KV-cache forward", p, stream);
+  flashstep::ForwardTensors t;
+  t.Q = a.Q;
+  t.O = a.O;
+  t.L = a.L;
+  t.workspace = workspace.get();
+  sk::KvCache cache;
+  cache.K = a.K_cache;
+  cache.V = a.V_cache;
+  cache.seqlens = a.seqlens;
+  cache.layout = layout;
+  cache.K_new = a.K_new;
+  cache.V_new = a.V_new;
+  sk::forward_kvcache(p, t, cache, stream);
+#endif
 }
 
 // The registered stages that have a backward, as "02_safe_softmax, 05_...".
@@ -600,6 +693,22 @@ int flashstep_backward_v2(const char* stage, int dtype, int64_t B, int64_t H, in
     Problem p = make_problem(B, H, Nq, Nk, d, causal, scale);
     p.H_kv = H_kv;
     backward(stage, dtype, p, Q, K, V, O, L, dO, dQ, dK, dV, stream);
+  });
+}
+
+int flashstep_forward_kvcache(int dtype, int64_t B, int64_t H, int64_t H_kv, int64_t Nq,
+                              int64_t capacity, int64_t d, int causal, double scale, const void* Q,
+                              void* K_cache, void* V_cache, const int32_t* cache_seqlens,
+                              const int32_t* block_table, int64_t num_pages, int64_t pages_per_seq,
+                              int64_t page_keys, const void* K_new, const void* V_new, void* O,
+                              float* L, void* stream) {
+  return guarded([&] {
+    Problem p = make_problem(B, H, Nq, capacity, d, causal, scale);
+    p.H_kv = H_kv;
+    forward_kvcache(p, dtype,
+                    {Q, K_cache, V_cache, cache_seqlens, block_table, num_pages, pages_per_seq,
+                     page_keys, K_new, V_new, O, L},
+                    stream);
   });
 }
 

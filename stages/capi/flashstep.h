@@ -276,6 +276,55 @@ FLASHSTEP_API int flashstep_backward_v2(const char* stage, int dtype, int64_t B,
  *  that name. */
 FLASHSTEP_API int flashstep_stage_grouped_backward(const char* stage);
 
+/** Stage 09's KV-cache forward (split-KV decoding), flash_attn_with_kvcache's
+ *  contract with heads before positions: the Nq queries of sequence b are its
+ *  last Nq positions (bottom-right causal) in a cache of `capacity` keys a
+ *  sequence, of which it holds cache_seqlens[b] before the call. With K_new
+ *  and V_new the new tokens' keys and values are written into the cache at
+ *  keys cache_seqlens[b] .. cache_seqlens[b] + Nq - 1 first (those past the
+ *  capacity are left out) and the attention sees cache_seqlens[b] + Nq keys;
+ *  the caller leaves room and moves its own lengths on afterwards. Queues
+ *  its kernels on `stream` and returns without waiting.
+ *
+ *  \param dtype     FLASHSTEP_FP32, FLASHSTEP_FP16 or FLASHSTEP_BF16: Q, the
+ *                   cache, K_new, V_new and O
+ *  \param B,H,H_kv  sequences, query heads, K/V heads (H a multiple of H_kv)
+ *  \param Nq        new queries a sequence (>= 1)
+ *  \param capacity  keys a sequence's cache holds (>= 1); paged, it must be
+ *                   pages_per_seq * page_keys
+ *  \param d,causal,scale  as for flashstep_forward
+ *  \param Q         [B,H,Nq,d]
+ *  \param K_cache,V_cache  contiguous [B,H_kv,capacity,d], or with a block
+ *                   table paged [num_pages,H_kv,page_keys,d]; written only
+ *                   when appending
+ *  \param cache_seqlens  int32 [B], device: each in 0..capacity (device data
+ *                   is not checked, as with FlashAttention's)
+ *  \param block_table  NULL (contiguous), or int32 [B,pages_per_seq],
+ *                   device: key j of sequence b is slot j % page_keys of page
+ *                   block_table[b][j / page_keys], each entry in 0..num_pages-1
+ *  \param num_pages,pages_per_seq,page_keys  the paged cache's pool, table
+ *                   width and keys a page (a multiple of 64); all 0 without
+ *                   a block table
+ *  \param K_new,V_new  both NULL, or [B,H_kv,Nq,d] each: the tokens to append
+ *  \param O         [B,H,Nq,d], written
+ *  \param L         [B,H,Nq] fp32, written
+ *  \param stream    as for flashstep_forward
+ *
+ *  Checks, in this order, before touching the GPU: that this build has stage
+ *  09 (FLASHSTEP_ESTAGE if not); the dtype; the problem (with Nk =
+ *  capacity); the cache's layout (validate_kvcache's one line each); null
+ *  pointers, alignment, and that O and L (and, when appending, the cache)
+ *  overlap nothing else. Then, through CUDA: every pointer device or managed
+ *  memory of the current device, and the workspace. */
+FLASHSTEP_API int flashstep_forward_kvcache(int dtype, int64_t B, int64_t H, int64_t H_kv,
+                                            int64_t Nq, int64_t capacity, int64_t d, int causal,
+                                            double scale, const void* Q, void* K_cache,
+                                            void* V_cache, const int32_t* cache_seqlens,
+                                            const int32_t* block_table, int64_t num_pages,
+                                            int64_t pages_per_seq, int64_t page_keys,
+                                            const void* K_new, const void* V_new, void* O,
+                                            float* L, void* stream);
+
 /** One line naming what the calling thread's last failed call got wrong, e.g.
  *  "d must be <= 256, got 300"; "" after a successful call. Valid until this
  *  thread's next flashstep call. */
