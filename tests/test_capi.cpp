@@ -586,6 +586,11 @@ TEST_CASE("capi KV cache: each argument the host can check is one FLASHSTEP_EINV
     CHECK(c.run() == FLASHSTEP_EINVAL);
     CHECK(last_error() == "num_pages without a block table");
   }
+  SUBCASE("a pool too large to count in bytes") {
+    c.num_pages = std::numeric_limits<std::int64_t>::max() / 2;
+    CHECK(c.run() == FLASHSTEP_EINVAL);
+    CHECK(last_error().find("more bytes than 64 bits count") != std::string::npos);
+  }
   SUBCASE("K_new without V_new") {
     c.v_new = nullptr;
     CHECK(c.run() == FLASHSTEP_EINVAL);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <exception>
 #include <iomanip>
+#include <limits>
 #include <new>
 #include <sstream>
 #include <string>
@@ -389,6 +390,14 @@ void forward_kvcache([[maybe_unused]] Problem p, [[maybe_unused]] int dtype,
   }
   const DType E = p.dtype;
   const std::int64_t row_bytes = p.d * p.elem_bytes();  // one key or query row
+  // The pool's size in bytes must be a number (page_keys is at most the
+  // capacity, validate_kvcache; num_pages is the caller's).
+  if (paged && a.num_pages > std::numeric_limits<std::int64_t>::max() /
+                                 (p.kv_heads() * a.page_keys * row_bytes)) {
+    fail(FLASHSTEP_EINVAL, "num_pages " + std::to_string(a.num_pages) +
+                               ": the pool [num_pages, H_kv, page_keys, d] is more bytes than "
+                               "64 bits count");
+  }
   const std::int64_t cache_rows =
       paged ? a.num_pages * p.kv_heads() * a.page_keys : p.B * p.kv_heads() * p.Nk;
   const std::int64_t q_bytes = p.q_elems() * p.elem_bytes();

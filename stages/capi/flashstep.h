@@ -312,7 +312,8 @@ FLASHSTEP_API int flashstep_stage_grouped_backward(const char* stage);
  *
  *  Checks, in this order, before touching the GPU: that this build has stage
  *  09 (FLASHSTEP_ESTAGE if not); the dtype; the problem (with Nk =
- *  capacity); the cache's layout (validate_kvcache's one line each); null
+ *  capacity); the cache's layout (validate_kvcache's one line each, and a
+ *  pool whose bytes fit 64 bits); null
  *  pointers, alignment, and that O and L (and, when appending, the cache)
  *  overlap nothing else. Then, through CUDA: every pointer device or managed
  *  memory of the current device, and the workspace. */
