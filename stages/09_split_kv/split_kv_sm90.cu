@@ -37,7 +37,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/element.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/reduce.cuh"
 #include "common/sm90_layout.h"
