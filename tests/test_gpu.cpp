@@ -316,6 +316,32 @@ TEST_CASE("any finite softmax scale: negative, zero and large, causal and not") 
   }
 }
 
+TEST_CASE("stage 09, wide groups (the Hopper kernel in 16 bits): negative, zero and large scales") {
+  // MQA on 32 heads with Nq = 4 at d = 128: 128 rows a K/V head, which on
+  // sm_90 run split_wgmma_kernel, whose softmax takes the max over raw
+  // scores for a positive scale and scales first otherwise (the test above
+  // runs d = 64, where the group stays on the mma.sync kernel).
+  const double scales[] = {-0.5, 0.0, 0.5};
+  std::uint64_t seed = 4100;
+  for (const Stage* s : selected()) {
+    if (std::string_view(s->name).substr(0, 3) != "09_") continue;
+    for (DType t : {DType::kBf16, DType::kFp16}) {
+      for (double scale : scales) {
+        for (bool causal : {false, true}) {
+          Problem p = flashstep::test::make_problem(1, 32, 4, 300, 128, causal);
+          p.H_kv = 1;
+          p.dtype = t;
+          p.scale = scale;
+          CAPTURE(s->name);
+          CAPTURE(p.describe());
+          const auto in = flashstep::random_inputs(p, seed++);
+          check_outputs(*s, p, run_stage(*s, p, in), flashstep::forward_truth(p, in));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("NaN in Q or K reaches exactly the rows it touches; the rest stay right") {
   // Causal with Nk > Nq: query i sees keys 0 .. i + 30, so a key near the end
   // is seen by the last rows only. One NaN in Q and one in K, in different
