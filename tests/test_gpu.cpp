@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <initializer_list>
 #include <string_view>
 #include <vector>
 
@@ -289,6 +290,28 @@ TEST_CASE("logits beyond fp32 exp's range (~88.7): only a stage that declares it
   }
 }
 
+namespace {
+
+// Stage s in type t on `base` under each of `scales`, causal and not, against
+// fp64, with fresh inputs each (seeds from `seed` on).
+void check_scales(const Stage& s, const Problem& base, DType t, std::initializer_list<double> scales,
+                  std::uint64_t& seed) {
+  for (double scale : scales) {
+    for (bool causal : {false, true}) {
+      Problem p = base;
+      p.causal = causal;
+      p.dtype = t;
+      p.scale = scale;
+      CAPTURE(s.name);
+      CAPTURE(p.describe());
+      const auto in = flashstep::random_inputs(p, seed++);
+      check_outputs(s, p, run_stage(s, p, in), flashstep::forward_truth(p, in));
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("any finite softmax scale: negative, zero and large, causal and not") {
   // The contract allows any finite scale. A kernel that takes the row max
   // over raw scores and scales inside the exponential (stage 07, as
@@ -297,22 +320,10 @@ TEST_CASE("any finite softmax scale: negative, zero and large, causal and not") 
   // and 0 turns a masked key's -inf into -inf * 0 = NaN. The large scale, 8x
   // the default at d = 64, keeps the largest logit near 55 (q.k has mean 16
   // and spread 10 here), inside stage 01's exp range (88.7).
-  const double scales[] = {-0.5, 0.0, 1.0};
   std::uint64_t seed = 4000;
+  const Problem base = flashstep::test::make_problem(1, 2, 97, 131, 64, false);
   for (const Stage* s : selected()) {
-    for (DType t : s->dtypes) {
-      for (double scale : scales) {
-        for (bool causal : {false, true}) {
-          Problem p = flashstep::test::make_problem(1, 2, 97, 131, 64, causal);
-          p.dtype = t;
-          p.scale = scale;
-          CAPTURE(s->name);
-          CAPTURE(p.describe());
-          const auto in = flashstep::random_inputs(p, seed++);
-          check_outputs(*s, p, run_stage(*s, p, in), flashstep::forward_truth(p, in));
-        }
-      }
-    }
+    for (DType t : s->dtypes) check_scales(*s, base, t, {-0.5, 0.0, 1.0}, seed);
   }
 }
 
@@ -321,24 +332,12 @@ TEST_CASE("stage 09, wide groups (the Hopper kernel in 16 bits): negative, zero 
   // sm_90 run split_wgmma_kernel, whose softmax takes the max over raw
   // scores for a positive scale and scales first otherwise (the test above
   // runs d = 64, where the group stays on the mma.sync kernel).
-  const double scales[] = {-0.5, 0.0, 0.5};
   std::uint64_t seed = 4100;
+  Problem base = flashstep::test::make_problem(1, 32, 4, 300, 128, false);
+  base.H_kv = 1;
   for (const Stage* s : selected()) {
     if (std::string_view(s->name).substr(0, 3) != "09_") continue;
-    for (DType t : {DType::kBf16, DType::kFp16}) {
-      for (double scale : scales) {
-        for (bool causal : {false, true}) {
-          Problem p = flashstep::test::make_problem(1, 32, 4, 300, 128, causal);
-          p.H_kv = 1;
-          p.dtype = t;
-          p.scale = scale;
-          CAPTURE(s->name);
-          CAPTURE(p.describe());
-          const auto in = flashstep::random_inputs(p, seed++);
-          check_outputs(*s, p, run_stage(*s, p, in), flashstep::forward_truth(p, in));
-        }
-      }
-    }
+    for (DType t : {DType::kBf16, DType::kFp16}) check_scales(*s, base, t, {-0.5, 0.0, 0.5}, seed);
   }
 }
 
