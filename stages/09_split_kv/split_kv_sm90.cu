@@ -141,17 +141,38 @@ __device__ inline void issue_output(float (&O)[kORegs], const std::uint32_t (&a)
   sm90::wgmma_commit();
 }
 
+// The max (kMax) or the sum of the thread's kSRegs / 2 scores of its row h
+// (0: g, 1: g + 8), as a tree of depth 4: in a chain, each of the 15
+// FMNMX (FADD) would wait for the one before it, 4 cycles a step, and with
+// two warps a scheduler little else is there to issue meanwhile (ncu: a
+// third of the warps' cycles were such waits).
+template <bool kMax>
+__device__ inline float row_reduce(const float (&S)[kSRegs], int h) {
+  auto op = [](float a, float b) { return kMax ? fmaxf(a, b) : a + b; };
+  constexpr int kLeaves = kSRegs / 4;  // n8 tiles: two of the row's scores each
+  float v[kLeaves];
+#pragma unroll
+  for (int nt = 0; nt < kLeaves; ++nt) v[nt] = op(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]);
+#pragma unroll
+  for (int width = kLeaves / 2; width > 0; width /= 2) {
+#pragma unroll
+    for (int i = 0; i < width; ++i) v[i] = op(v[i], v[i + width]);
+  }
+  return v[0];
+}
+
 // Algorithm 1's lines 9-10 up to the product on one tile of raw scores, for
-// the thread's rows h = 0 (g) and 1 (g + 8) of its warp: keys at or past
-// end[h] - key0 set to -inf (with `mask`), m moved (log2 units), P~ in place
-// of S, l rescaled and increased; alpha = 2^(m_old - m_new). Returns whether
-// any row of the warp moved its max. With a positive scale (kPositive) the
-// max is taken over the raw scores and each exponential is one FFMA and one
-// MUFU (2^(s scale - m)), as stage 08's; any other scale multiplies each
-// score first (a max of -s is not the max of s).
-template <bool kPositive>
+// the thread's rows h = 0 (g) and 1 (g + 8) of its warp: with kMask, keys
+// at or past end[h] - key0 set to -inf (only the last tiles of a split need
+// it; the others skip the 32 compares and selects), m moved (log2 units),
+// P~ in place of S, l rescaled and increased; alpha = 2^(m_old - m_new).
+// Returns whether any row of the warp moved its max. With a positive scale
+// (kPositive) the max is taken over the raw scores and each exponential is
+// one FFMA and one MUFU (2^(s scale - m)), as stage 08's; any other scale
+// multiplies each score first (a max of -s is not the max of s).
+template <bool kPositive, bool kMask>
 __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (&l)[2],
-                                      float (&alpha)[2], float scale_log2, bool mask, int key0,
+                                      float (&alpha)[2], float scale_log2, int key0,
                                       const int (&end)[2]) {
   const int t4 = threadIdx.x % 4;
   const float unit = kPositive ? scale_log2 : 1.0f;  // the scale still to apply
@@ -159,14 +180,12 @@ __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (
   for (int r = 0; r < kSRegs; ++r) {
     if constexpr (!kPositive) S[r] *= scale_log2;
     const int col = 8 * (r / 4) + 2 * t4 + r % 2;  // sm90::accumulator_coord's column
-    if (mask && col >= end[r % 4 / 2] - key0) S[r] = -INFINITY;
+    if (kMask && col >= end[r % 4 / 2] - key0) S[r] = -INFINITY;
   }
   bool moved = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < kSRegs / 4; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]));
+    float mx = row_reduce<true>(S, h);
     mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, 2));
     const float m_new = fmaxf(m[h], mx * unit);
@@ -174,16 +193,12 @@ __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (
     alpha[h] = sm80::fast_exp2(m[h] - m_use);
     moved = moved || m_new != m[h];
     m[h] = m_new;
-    float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < kSRegs / 4; ++nt) {
 #pragma unroll
-      for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        S[4 * nt + e] = sm80::fast_exp2(fmaf(S[4 * nt + e], unit, -m_use));
-        sum += S[4 * nt + e];
-      }
+      for (int e = 2 * h; e < 2 * h + 2; ++e) S[4 * nt + e] = sm80::fast_exp2(fmaf(S[4 * nt + e], unit, -m_use));
     }
-    l[h] = alpha[h] * l[h] + sum;
+    l[h] = alpha[h] * l[h] + row_reduce<false>(S, h);
   }
   return __any_sync(kFullWarpMask, moved);
 }
@@ -296,9 +311,12 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
       const bool positive = p.scale_log2 > 0.0f;  // uniform: the branch is taken alike everywhere
       auto scores_softmax = [&](int tt) {  // S of tile tt has landed in the registers
         const int key0 = k_lo + tt * kWideKeys;
-        const bool mask = unmasked - key0 < kWideKeys;
-        return positive ? online_softmax<true>(S, m, l, alpha, p.scale_log2, mask, key0, end)
-                        : online_softmax<false>(S, m, l, alpha, p.scale_log2, mask, key0, end);
+        if (unmasked - key0 < kWideKeys) {  // warp-uniform, as `positive`
+          return positive ? online_softmax<true, true>(S, m, l, alpha, p.scale_log2, key0, end)
+                          : online_softmax<false, true>(S, m, l, alpha, p.scale_log2, key0, end);
+        }
+        return positive ? online_softmax<true, false>(S, m, l, alpha, p.scale_log2, key0, end)
+                        : online_softmax<false, false>(S, m, l, alpha, p.scale_log2, key0, end);
       };
 
       if (tiles > 0) {
