@@ -169,6 +169,28 @@ TEST_CASE("stage 09's split rule by hand") {
   p = flashstep::test::make_problem(1, 8, 4096, 4096, 64, true);
   CHECK(sk::make_plan(p, 132).row_tiles == 128);
   CHECK(sk::make_plan(p, 132).splits == 1);
+  // The Hopper kernel (wide) on a grid that gives nearly every SM a block
+  // unsplit: MQA with Nq = 4 on 64 sequences is 128 blocks of 64 rows on
+  // 132 SMs; a split of fewer than kWideSecondBlockKeys keys only adds the
+  // SMs' second blocks, so 1k to 4k keys stay unsplit and 8k takes two
+  // splits of 4k. Half the sequences (64 blocks) split as before: 4 of
+  // 256 keys at 1k. Without `wide` (32-row tiles: 256 blocks on 264 slots,
+  // full already) the rule is the one above.
+  p = flashstep::test::make_problem(64, 32, 4, 1024, 128, false);
+  p.H_kv = 1;
+  p.dtype = flashstep::DType::kBf16;
+  for (auto [Nk, splits] : {std::pair<std::int64_t, std::int64_t>{1024, 1},
+                            {4096, 1},
+                            {8192, 2},
+                            {32768, 2}}) {
+    p.Nk = Nk;
+    CAPTURE(Nk);
+    CHECK(sk::make_plan(p, 132, true, false, true).splits == splits);
+  }
+  p.Nk = 1024;
+  CHECK(sk::make_plan(p, 132, true, false, false).splits == 1);
+  p.B = 32;
+  CHECK(sk::make_plan(p, 132, true, false, true).splits == 4);
   // The workspace covers any GPU's plan (the rule is not monotone in the SM
   // count: every count up to kMaxSmCount), in every type.
   for (flashstep::DType t : {flashstep::DType::kFp32, flashstep::DType::kBf16}) {

@@ -273,6 +273,14 @@ inline constexpr std::int64_t kShortSplitCap = 128;
 /// 32k. 1,024 keys a split: more than 128 splits past 128k keys, 256 from
 /// 256k.
 inline constexpr std::int64_t kMinKeysPastShortCap = 1024;
+/// At least this many keys a split for the Hopper kernel (wide) where the
+/// unsplit grid already gives nearly every SM a block (n0 >= kFullGrid
+/// SMs): there a split only adds each SM's second block, and that pays for
+/// the merge and the partials (64 rows x (d + 1) floats a block, written
+/// and read back) only on long splits. MQA on 64 sequences with Nq = 4 (128
+/// blocks unsplit; docs/results/tuning_09/README.md, run 20): one split was
+/// ahead at 1k and 2k keys, level at 4k, and two splits ahead at 8k.
+inline constexpr std::int64_t kWideSecondBlockKeys = 4096;
 /// At most this many splits: the merge reads every split's partial per row.
 /// 256 lets a lone (batch, K/V head) fill one wave of two resident blocks on
 /// 132 SMs (264 slots). The merge spreads a row's splits over merge_warps
@@ -351,7 +359,9 @@ inline std::int64_t min_keys_per_split(const Problem& p, std::int64_t n0, int sm
 ///                             kIdleShare of the SMs (idle_grid), else 256
 ///   cap                       min(ceil(Nk / min keys), kShortSplitCap),
 ///                             or ceil(Nk / kMinKeysPastShortCap) if more,
-///                             at most kMaxSplits (split_cap)
+///                             at most kMaxSplits (split_cap); wide with
+///                             n0 >= kFullGrid SMs: at most
+///                             ceil(Nk / kWideSecondBlockKeys)
 ///   n0 >= kFullGrid R         1 split (the GPU is full already)
 ///   n0 cap <= R               cap splits (one wave holds them all)
 ///   otherwise                 for S = 1 .. cap, dealt out as S' splits:
@@ -367,8 +377,9 @@ inline std::int64_t min_keys_per_split(const Problem& p, std::int64_t n0, int sm
 /// waves); 256 K/V heads: 1 split. A prefill (many rows) gets 1 split. With
 /// `split` false (the one-block contrast) it is 1. With `paged` (a paged KV
 /// cache) the keys are dealt out in granules of kPageKeyMultiple. With
-/// `wide` (the Hopper kernel, wide_group) blocks take kWideRows rows and an
-/// SM holds kWideResidentBlocks.
+/// `wide` (the Hopper kernel, wide_group) blocks take kWideRows rows, an
+/// SM holds kWideResidentBlocks, and where n0 is at least kFullGrid SMs
+/// a split has at least kWideSecondBlockKeys keys.
 inline Plan make_plan(const Problem& p, int sm_count, bool split = true, bool paged = false,
                       bool wide = false) {
   const std::int64_t granule = key_granule(paged);
@@ -380,7 +391,8 @@ inline Plan make_plan(const Problem& p, int sm_count, bool split = true, bool pa
   const std::int64_t slots =
       static_cast<std::int64_t>(sm_count) *
       (wide ? kWideResidentBlocks : resident_blocks(p.dtype, head_dim_bucket(p.d)));
-  const std::int64_t cap = split ? split_cap(p, min_keys_per_split(p, n0, sm_count)) : 1;
+  std::int64_t cap = split ? split_cap(p, min_keys_per_split(p, n0, sm_count)) : 1;
+  if (wide && n0 >= kFullGrid * sm_count) cap = std::min(cap, (p.Nk - 1) / kWideSecondBlockKeys + 1);
   std::int64_t splits = 1;
   if (cap > 1 && n0 < kFullGrid * slots) {
     if (n0 * cap <= slots) {
