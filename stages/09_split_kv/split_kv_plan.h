@@ -190,7 +190,11 @@ inline constexpr int kWideKeys = 64;
 /// 16 KiB take 113 KiB, two blocks an SM (kWideResidentBlocks), so that one
 /// block's softmax runs beside the other's products (the two are not tied by
 /// any barrier). Each block has 1 to 2 tiles in flight, 64 to 128 KiB an SM,
-/// past the 55 to 75 KB an SM's share of HBM needs (mma_stages).
+/// past the 55 to 75 KB an SM's share of HBM needs (mma_stages). More in
+/// flight was slower (docs/results/tuning_09/README.md, run 20): 32-key
+/// tiles 6 deep (per-tile work doubled a key), and two warpgroups sharing
+/// 6 stages of 64 keys in one block an SM (level at 64 sequences, slower
+/// at one).
 inline constexpr int kWideStages = 3;
 /// Blocks of the Hopper kernel an SM holds: two (its shared memory, and its
 /// registers: 2 x 128 threads x up to 256).
