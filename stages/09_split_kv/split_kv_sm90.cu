@@ -141,26 +141,6 @@ __device__ inline void issue_output(float (&O)[kORegs], const std::uint32_t (&a)
   sm90::wgmma_commit();
 }
 
-// The max (kMax) or the sum of the thread's kSRegs / 2 scores of its row h
-// (0: g, 1: g + 8), as a tree of depth 4: in a chain, each of the 15
-// FMNMX (FADD) would wait for the one before it, 4 cycles a step, and with
-// two warps a scheduler little else is there to issue meanwhile (ncu: a
-// third of the warps' cycles were such waits).
-template <bool kMax>
-__device__ inline float row_reduce(const float (&S)[kSRegs], int h) {
-  auto op = [](float a, float b) { return kMax ? fmaxf(a, b) : a + b; };
-  constexpr int kLeaves = kSRegs / 4;  // n8 tiles: two of the row's scores each
-  float v[kLeaves];
-#pragma unroll
-  for (int nt = 0; nt < kLeaves; ++nt) v[nt] = op(S[4 * nt + 2 * h], S[4 * nt + 2 * h + 1]);
-#pragma unroll
-  for (int width = kLeaves / 2; width > 0; width /= 2) {
-#pragma unroll
-    for (int i = 0; i < width; ++i) v[i] = op(v[i], v[i + width]);
-  }
-  return v[0];
-}
-
 // Algorithm 1's lines 9-10 up to the product on one tile of raw scores, for
 // the thread's rows h = 0 (g) and 1 (g + 8) of its warp: with kMask, keys
 // at or past end[h] - key0 set to -inf (only the last tiles of a split need
@@ -169,7 +149,10 @@ __device__ inline float row_reduce(const float (&S)[kSRegs], int h) {
 // Returns whether any row of the warp moved its max. With a positive scale
 // (kPositive) the max is taken over the raw scores and each exponential is
 // one FFMA and one MUFU (2^(s scale - m)), as stage 08's; any other scale
-// multiplies each score first (a max of -s is not the max of s).
+// multiplies each score first (a max of -s is not the max of s). The row
+// max and sum are trees (sm90::row_reduce): as chains of 15 they had the
+// warps waiting on fixed-latency dependencies a third of their cycles, with
+// two warps a scheduler to hide them (docs/results/tuning_09, run 20).
 template <bool kPositive, bool kMask>
 __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], float scale_log2, int key0,
@@ -185,7 +168,7 @@ __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (
   bool moved = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = row_reduce<true>(S, h);
+    float mx = sm90::row_reduce<true>(S, h);
     mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, 2));
     const float m_new = fmaxf(m[h], mx * unit);
@@ -198,7 +181,7 @@ __device__ inline bool online_softmax(float (&S)[kSRegs], float (&m)[2], float (
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) S[4 * nt + e] = sm80::fast_exp2(fmaf(S[4 * nt + e], unit, -m_use));
     }
-    l[h] = alpha[h] * l[h] + row_reduce<false>(S, h);
+    l[h] = alpha[h] * l[h] + sm90::row_reduce<false>(S, h);
   }
   return __any_sync(kFullWarpMask, moved);
 }
