@@ -413,21 +413,28 @@ __device__ inline void named_barrier_arrive(int id, int count) {
 
 /// The max (kMax) or the sum, over this thread's registers of an m64 x nN
 /// fp32 accumulator (accumulator_coord's layout, kRegs = N / 2), of its row
-/// h (0: row g, 1: row g + 8; two registers of each n8 tile), as a tree:
-/// N / 8 pairs, then halving. A chain (acc = op(acc, x) register by
-/// register) is N / 4 - 1 dependent FMNMX or FADD, each waiting ~4 cycles
-/// for the one before; the tree is log2(N / 8) + 1 deep. The caller
-/// finishes the row across the quad (shuffles by 1 and 2).
-template <bool kMax, int kRegs>
+/// h (0: row g, 1: row g + 8; two registers of each n8 tile): the n8 tiles'
+/// pairs dealt round-robin to kWays partials (each a chain), then a tree of
+/// the partials. One chain (acc = op(acc, x) register by register) is
+/// N / 4 - 1 dependent FMNMX or FADD, each waiting ~4 cycles for the one
+/// before; kWays = N / 8 (the default) is a tree of depth log2(N / 8) + 1,
+/// fewer ways hold fewer partials live where registers are short. The
+/// caller finishes the row across the quad (shuffles by 1 and 2).
+template <bool kMax, int kWays = 0, int kRegs>
 __device__ inline float row_reduce(const float (&acc)[kRegs], int h) {
   auto op = [](float a, float b) { return kMax ? fmaxf(a, b) : a + b; };
   constexpr int kLeaves = kRegs / 4;  // n8 tiles: two of the row's registers each
-  static_assert(kLeaves > 0 && (kLeaves & (kLeaves - 1)) == 0, "a power of two of n8 tiles");
-  float v[kLeaves];
+  constexpr int kParts = kWays == 0 ? kLeaves : kWays;
+  static_assert(kParts > 0 && (kParts & (kParts - 1)) == 0 && kLeaves % kParts == 0,
+                "a power of two of partials, each as many n8 tiles");
+  float v[kParts];
 #pragma unroll
-  for (int nt = 0; nt < kLeaves; ++nt) v[nt] = op(acc[4 * nt + 2 * h], acc[4 * nt + 2 * h + 1]);
+  for (int nt = 0; nt < kLeaves; ++nt) {
+    const float pair = op(acc[4 * nt + 2 * h], acc[4 * nt + 2 * h + 1]);
+    v[nt % kParts] = nt < kParts ? pair : op(v[nt % kParts], pair);
+  }
 #pragma unroll
-  for (int width = kLeaves / 2; width > 0; width /= 2) {
+  for (int width = kParts / 2; width > 0; width /= 2) {
 #pragma unroll
     for (int i = 0; i < width; ++i) v[i] = op(v[i], v[i + width]);
   }
