@@ -333,6 +333,15 @@ def _scale_arg(scale):
     return scale_arg
 
 
+def _call_args(q, scale, causal):
+    """What every ABI call takes beside the tensors, checked: (lib, dtype code,
+    causal, scale), the scale and causal flag in the ABI's form."""
+    scale_arg = _scale_arg(scale)
+    causal_arg = _causal_arg(causal)
+    code = DTYPE_CODES[_dtype_name(q.dtype)]
+    return _load(), code, causal_arg, scale_arg
+
+
 def _call(torch, call):
     """Runs call() (an ABI call returning a status); FlashstepError unless OK."""
     code = call()
@@ -355,11 +364,8 @@ def forward(q, k, v, stage=DEFAULT_STAGE, causal=False, scale=None):
     import torch
 
     _check_inputs(torch, q, k, v)
-    scale_arg = _scale_arg(scale)
-    causal_arg = _causal_arg(causal)
+    lib, code, causal_arg, scale_arg = _call_args(q, scale, causal)
     lse_written = writes_lse(stage)
-    code = DTYPE_CODES[_dtype_name(q.dtype)]
-    lib = _load()
     B, H, Nq, d = q.shape
     H_kv, Nk = k.shape[1], k.shape[2]
     with torch.cuda.device(q.device):
@@ -414,10 +420,7 @@ def forward_with_kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, blo
     if k is not None:
         for name, t in (("k", k), ("v", v)):
             _check_like(torch, name, t, (B, H_kv, Nq, d), q.device, "[B, H_kv, Nq, d]", q.dtype)
-    scale_arg = _scale_arg(scale)
-    causal_arg = _causal_arg(causal)
-    code = DTYPE_CODES[_dtype_name(q.dtype)]
-    lib = _load()
+    lib, code, causal_arg, scale_arg = _call_args(q, scale, causal)
     with torch.cuda.device(q.device):
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
@@ -457,10 +460,7 @@ def backward(q, k, v, o, lse, do, stage=DEFAULT_STAGE, causal=False, scale=None)
     _check_like(torch, "o", o, q.shape, q.device, "[B,H,Nq,d] like q", q.dtype)
     _check_like(torch, "lse", lse, (B, H, Nq), q.device, "[B,H,Nq]", torch.float32)
     _check_like(torch, "do", do, q.shape, q.device, "[B,H,Nq,d] like q", q.dtype)
-    scale_arg = _scale_arg(scale)
-    causal_arg = _causal_arg(causal)
-    code = DTYPE_CODES[_dtype_name(q.dtype)]
-    lib = _load()
+    lib, code, causal_arg, scale_arg = _call_args(q, scale, causal)
     with torch.cuda.device(q.device):
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         dk = torch.empty_like(k, memory_format=torch.contiguous_format)

@@ -270,11 +270,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kD))
       const std::int64_t tile = u / p.splits;
       const std::int64_t s = u % p.splits;
       const std::int64_t r0 = tile * kRows;
-      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kRows), p.group_rows - r0));
-      // This split's keys, k_lo .. k_hi - 1: 32-bit, as Nk < 2^31.
-      const int k_lo = static_cast<int>(s * p.keys_per_split);
-      const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
-      const int tiles = k_hi > k_lo ? (k_hi - k_lo - 1) / kBc + 1 : 0;
+      const UnitSpan span = unit_span<kBc>(p, r0, kRows, s, nk);
+      const int rows = span.rows, k_lo = span.k_lo, k_hi = span.k_hi, tiles = span.tiles;
 
       __syncthreads();  // the previous unit is done with every shared array
       // The first kStages - 1 K/V tiles start on their way, then the Q rows
@@ -607,10 +604,8 @@ __global__ void __launch_bounds__(MmaTiles<kD>::kThreads, resident_blocks(DType:
       const std::int64_t tile = u / p.splits;
       const std::int64_t s = u % p.splits;
       const std::int64_t r0 = tile * kRows;
-      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kRows), p.group_rows - r0));
-      const int k_lo = static_cast<int>(s * p.keys_per_split);
-      const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
-      const int tiles = k_hi > k_lo ? (k_hi - k_lo - 1) / T::kTileKeys + 1 : 0;
+      const UnitSpan span = unit_span<T::kTileKeys>(p, r0, kRows, s, nk);
+      const int rows = span.rows, k_lo = span.k_lo, k_hi = span.k_hi, tiles = span.tiles;
       // K/V tile tt into its stage; keys past k_hi zero. A tile with all its
       // keys inside the split, d the bucket's width and 16-byte rows (every
       // tile of a split but a ragged last one, at d = 64, 128, 256) takes

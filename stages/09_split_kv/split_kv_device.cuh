@@ -96,6 +96,23 @@ __device__ std::int64_t tile_offset(const Params<Elem>& p, std::int64_t kvh, int
   return static_cast<std::int64_t>(kt) * width;
 }
 
+// What one unit of work (split_kv_plan.h) covers: the rows r0 .. r0 + rows - 1
+// of its K/V head's group (a tile of tile_rows, the last one cut at
+// group_rows), and split s's keys [k_lo, k_hi) of a sequence of nk keys, in
+// `tiles` K/V tiles of kTileKeys (none where the split lies past nk). 32-bit
+// keys, as Nk < 2^31. Each split kernel takes its units in its own order.
+struct UnitSpan {
+  int rows, k_lo, k_hi, tiles;
+};
+template <int kTileKeys, typename Elem>
+__device__ inline UnitSpan unit_span(const Params<Elem>& p, std::int64_t r0, int tile_rows,
+                                     std::int64_t s, int nk) {
+  const int rows = static_cast<int>(min(static_cast<std::int64_t>(tile_rows), p.group_rows - r0));
+  const int k_lo = static_cast<int>(s * p.keys_per_split);
+  const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
+  return {rows, k_lo, k_hi, k_hi > k_lo ? (k_hi - k_lo - 1) / kTileKeys + 1 : 0};
+}
+
 // Whether the current device launches dependent grids early (sm_90 on).
 inline bool device_has_dependent_launch() {
   int device = 0, major = 0;

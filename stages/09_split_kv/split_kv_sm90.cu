@@ -228,10 +228,8 @@ __global__ void __launch_bounds__(kWideThreads, kWideResidentBlocks)
       // Row tile first: the row tiles of a split are consecutive blocks.
       const std::int64_t s = u / p.row_tiles;
       const std::int64_t r0 = u % p.row_tiles * kWideRows;
-      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kWideRows), p.group_rows - r0));
-      const int k_lo = static_cast<int>(s * p.keys_per_split);
-      const int k_hi = static_cast<int>(min(k_lo + p.keys_per_split, static_cast<std::int64_t>(nk)));
-      const int tiles = k_hi > k_lo ? (k_hi - k_lo - 1) / kWideKeys + 1 : 0;
+      const UnitSpan span = unit_span<kWideKeys>(p, r0, kWideRows, s, nk);
+      const int rows = span.rows, k_lo = span.k_lo, k_hi = span.k_hi, tiles = span.tiles;
       // K/V tile tt into its stage, as one cp.async group (empty past the
       // split), so that the waits count tiles.
       // A tile with all its keys in the split and d = kD (every tile but a
