@@ -23,12 +23,16 @@ ab_copy_tree() {
   cp -r stages tests cmake docs notebooks CMakeLists.txt CMakePresets.json "$1"/
 }
 
-# ab_build TREE BUILD_DIR FOLDER NAME JOBS: stage FOLDER alone, the CLI only,
-# in TREE/BUILD_DIR, on JOBS cores; the logs as $logs/{configure,build}_NAME.log.
+# ab_build TREE BUILD_DIR FOLDER NAME JOBS: stage FOLDER alone, the CLI only
+# (and test_gpu with GPU_TESTS=1), in TREE/BUILD_DIR, on JOBS cores; the logs
+# as $logs/{configure,build}_NAME.log.
 ab_build() {
+  local tests=OFF targets=(flashstep)
+  if [ "${GPU_TESTS:-0}" = 1 ]; then tests=ON targets+=(test_gpu); fi
   (cd "$1" && cmake -S . -B "$2" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
-     -DFLASHSTEP_STAGES_ONLY="$3" -DFLASHSTEP_BUILD_TESTS=OFF >"$logs/configure_$4.log" 2>&1 \
-   && cmake --build "$2" --target flashstep -j "$5" >"$logs/build_$4.log" 2>&1)
+     -DFLASHSTEP_STAGES_ONLY="$3" -DFLASHSTEP_BUILD_TESTS="$tests" -DFLASHSTEP_WERROR=ON \
+     >"$logs/configure_$4.log" 2>&1 \
+   && cmake --build "$2" --target "${targets[@]}" -j "$5" >"$logs/build_$4.log" 2>&1)
 }
 
 # ab_cli ROUND EXE: the CLI a round runs. The first round checks every point

@@ -22,6 +22,11 @@
 # keep a name's characters to letters, digits, _ and -. The CSVs
 # and the build logs go, as one archive, to $OUT/ab_trees.tar.gz (or
 # ./ab-trees-logs), refreshed after each round.
+# With GPU_TESTS=1 each tree also builds test_gpu, and after the table every
+# tree runs `test_gpu --stage=NN` (the folder's number), its doctest summary
+# lines printed under the tree's name and its log in the archive: a variant
+# is then timed and tested in one call (a stage's test_gpu build and run
+# take longer than its CLI's: plan the call's time for it).
 set -uo pipefail
 usage="usage: bash tests/bench/ab_trees.sh STAGE_FOLDER forward|backward|decode NAME=PATCH... [-- flags...]"
 folder=${1:?$usage}
@@ -76,6 +81,16 @@ for round in $(seq "$rounds"); do
 done
 python3 tests/bench/ab_pair_table.py "$logs" base "${names[@]}"
 status=$?
+if [ "${GPU_TESTS:-0}" = 1 ]; then  # after the timing, so that no test runs beside it
+  for side in base "${names[@]}"; do
+    tree=$(tree_of "$side")
+    "$tree/build-trees/tests/test_gpu" --stage="${folder%%_*}" >"$logs/test_gpu_$side.log" 2>&1 \
+      || status=1
+    echo "ab_trees: test_gpu --stage=${folder%%_*}, $side:"
+    grep -E "^\[doctest\] (test cases|assertions)" "$logs/test_gpu_$side.log" \
+      || { echo "  no summary (its log: test_gpu_$side.log)"; status=1; }
+  done
+fi
 tar czf "$out/ab_trees.tar.gz" -C "$logs" .
 rm -rf "$trees"
 exit $status
