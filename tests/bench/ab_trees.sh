@@ -37,6 +37,10 @@ root=$PWD
 who=ab_trees
 source tests/bench/ab_common.sh
 ab_script "$folder" "$kind"
+case "${GPU_TESTS:-0}" in
+  0 | 1) ;;
+  *) echo "ab_trees: GPU_TESTS is 0 or 1, not '$GPU_TESTS'" >&2; exit 2 ;;
+esac
 names=() patches=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   [[ "$1" == *=?* ]] || { echo "ab_trees: a variant is NAME=PATCH, not '$1'" >&2; exit 2; }

@@ -35,9 +35,10 @@ def table(rounds, sides=()):
     return p.returncode, p.stdout.splitlines()
 
 
-def script(name, *args):
-    """An A/B script's exit status and stderr lines."""
-    p = subprocess.run(["bash", os.path.join(HERE, name), *args], capture_output=True, text=True)
+def script(name, *args, env=None):
+    """An A/B script's exit status and stderr lines (env: variables added)."""
+    p = subprocess.run(["bash", os.path.join(HERE, name), *args], capture_output=True, text=True,
+                       env={**os.environ, **(env or {})})
     return p.returncode, p.stderr.splitlines()
 
 
@@ -126,7 +127,10 @@ def main():
                     ("ab_trees.sh", "a name with a slash",
                      script("ab_trees.sh", "08_hopper", "forward", f"a/b={patch.name}")),
                     ("ab_trees.sh", "no patch file",
-                     script("ab_trees.sh", "08_hopper", "forward", "b1=/nonexistent.patch"))]
+                     script("ab_trees.sh", "08_hopper", "forward", "b1=/nonexistent.patch")),
+                    ("ab_trees.sh", "a GPU_TESTS other than 0 or 1",
+                     script("ab_trees.sh", "08_hopper", "forward", f"b1={patch.name}",
+                            env={"GPU_TESTS": "yes"}))]
     for name, what, (code, err) in refusals:
         prefix = name.split(".")[0] + ": "
         checks.append((f"{name}: {what} is refused with one line and exit 2",
